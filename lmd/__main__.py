@@ -1,0 +1,3 @@
+from lmd.cli import main
+
+main()

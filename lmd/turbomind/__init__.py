@@ -1,0 +1,1 @@
+"""TurboMind-style engine: workspace loading, paged KV cache, persistent batching, kernels."""
