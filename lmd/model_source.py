@@ -54,13 +54,15 @@ def resolve_model(model: str | os.PathLike[str]) -> ModelSource:
             ggufs = sorted(path.glob("*.gguf"))
             if len(ggufs) == 1:
                 return ModelSource(str(path.resolve()), ggufs[0].name)
-            raise LmdError(f"{path} has no config.json; give an HF model directory (config.json + weights) or a .gguf file")
+            raise LmdError(f"{path} has no config.json; give an HF model directory (config.json + weights) "
+                           "or a .gguf file")
         return ModelSource(str(path.resolve()))
     if path.exists():
         raise LmdError(f"{path} is neither an HF model directory nor a .gguf file")
     looks_like_hub_id = text.count("/") == 1 and not text.startswith((".", "/", "~"))
     if not looks_like_hub_id:
-        raise LmdError(f"model path {text} does not exist; give an HF model directory, a .gguf file or a hub id org/name")
+        raise LmdError(f"model path {text} does not exist; give an HF model directory, a .gguf file "
+                       "or a hub id org/name")
     return ModelSource(text)
 
 
