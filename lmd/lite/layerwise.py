@@ -14,7 +14,7 @@ attention mask) carry the batch dimension; the last chunk may be smaller than th
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -116,10 +116,8 @@ def capture_layer0_inputs(model: PreTrainedModel, input_ids: torch.Tensor, devic
         with torch.no_grad():
             for start in range(0, input_ids.shape[0], batch_size):
                 chunk = input_ids[start:start + batch_size].to(device)
-                try:
+                with suppress(_StopForward):
                     base(input_ids=chunk, use_cache=False)
-                except _StopForward:
-                    pass
     finally:
         handle.remove()
         for child, home in zip(visitors, homes, strict=True):
