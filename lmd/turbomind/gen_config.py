@@ -1,0 +1,90 @@
+"""Per-request generation settings (LMDeploy's `GenerationConfig` vocabulary), validated once at construction.
+
+Greedy decoding is `temperature=0` or `top_k=1`; every other setting samples. Runtime facts that belong to the
+model rather than to the request (eos ids, vocabulary size) are not stored here: the engine passes them to the
+sampler beside the config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lmd.errors import LmdError
+
+MAX_LOGPROBS = 64
+MAX_TEMPERATURE = 2.0
+
+
+def _fail(field: str, value: object, valid: str) -> LmdError:
+    return LmdError(f"GenerationConfig.{field}={value!r} is invalid; use {valid}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    max_new_tokens: int = 512
+    min_new_tokens: int = 0
+    temperature: float = 0.8
+    top_k: int = 40  # 0 disables top-k
+    top_p: float = 0.8  # 1.0 disables top-p
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+    stop_words: tuple[str, ...] = ()
+    logprobs: int | None = None  # None: off; 0: the chosen token only; k: also the k most likely alternatives
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        # Lists are accepted for convenience; the frozen config stores tuples so it stays hashable.
+        object.__setattr__(self, "stop_token_ids", self._tuple_of("stop_token_ids", self.stop_token_ids))
+        object.__setattr__(self, "stop_words", self._tuple_of("stop_words", self.stop_words))
+        self._validate()
+
+    @staticmethod
+    def _tuple_of(field: str, value: object) -> tuple:
+        if value is None:
+            return ()
+        if isinstance(value, (str, int)):
+            value = (value,)
+        try:
+            return tuple(value)
+        except TypeError:
+            raise _fail(field, value, "a list or tuple") from None
+
+    def _validate(self) -> None:
+        if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
+            raise _fail("max_new_tokens", self.max_new_tokens, "an integer >= 1")
+        if not _is_int(self.min_new_tokens) or not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise _fail("min_new_tokens", self.min_new_tokens, f"an integer in [0, max_new_tokens={self.max_new_tokens}]")
+        if not _is_number(self.temperature) or not 0.0 <= self.temperature <= MAX_TEMPERATURE:
+            raise _fail("temperature", self.temperature, f"a number in [0, {MAX_TEMPERATURE}] (0 = greedy)")
+        if not _is_int(self.top_k) or self.top_k < 0:
+            raise _fail("top_k", self.top_k, "an integer >= 0 (0 = off, 1 = greedy)")
+        if not _is_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
+            raise _fail("top_p", self.top_p, "a number in (0, 1] (1 = off)")
+        if not _is_number(self.repetition_penalty) or self.repetition_penalty <= 0.0:
+            raise _fail("repetition_penalty", self.repetition_penalty, "a number > 0 (1 = off, > 1 discourages repeats)")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2**63):
+            raise _fail("seed", self.seed, "None or an integer in [0, 2**63)")
+        if not isinstance(self.ignore_eos, bool):
+            raise _fail("ignore_eos", self.ignore_eos, "True or False")
+        if not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):
+            raise _fail("stop_token_ids", self.stop_token_ids, "non-negative integer token ids")
+        if not all(isinstance(w, str) and w for w in self.stop_words):
+            raise _fail("stop_words", self.stop_words, "non-empty strings")
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise _fail("logprobs", self.logprobs, f"None (off) or an integer in [0, {MAX_LOGPROBS}]")
+        if not isinstance(self.skip_special_tokens, bool):
+            raise _fail("skip_special_tokens", self.skip_special_tokens, "True or False")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1

@@ -1,0 +1,167 @@
+"""Turns one step's last-position logits into the next token of every running sequence.
+
+Order of operations per row (vLLM / LMDeploy / HF order):
+  1. repetition penalty over every token already in the sequence (prompt + generated), HF semantics;
+  2. while fewer than `min_new_tokens` are generated, the row's eos ids and stop token ids are masked to -inf;
+  3. greedy rows (`temperature == 0` or `top_k == 1`) take the argmax;
+  4. sampled rows: divide by temperature, keep the top-k logits (ties with the k-th kept, as HF's TopKLogitsWarper),
+     renormalise, keep the smallest prefix of the sorted distribution whose mass reaches top_p (the top token always
+     stays), and draw one token by inverse CDF with a single uniform number from the row's own generator.
+
+Because each sampled row consumes exactly one number from its own `torch.Generator`, a seeded request yields the same
+tokens whatever else shares its batch and wherever it sits in it. Rows without a generator draw from the sampler's
+private generator (no global RNG state is read or written).
+
+Logprobs follow vLLM's default (`logprobs_mode="raw_logprobs"`): `log_softmax` of the model's logits as they came out of
+the model, before penalty, masking, temperature, top-k and top-p. They therefore describe the model, not the sampling
+settings, and a greedy token's logprob is the model's log-probability of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from lmd.errors import LmdError
+from lmd.turbomind.gen_config import GenerationConfig
+
+
+@dataclass
+class SamplingRow:
+    config: GenerationConfig
+    token_ids: list[int]  # prompt + generated so far (the repetition-penalty context)
+    num_generated: int
+    generator: torch.Generator | None
+    eos_ids: tuple[int, ...]
+
+
+@dataclass
+class SampleOutput:
+    token_ids: list[int]
+    logprobs: list[float | None]  # None where the row's config has logprobs=None
+    top_logprobs: list[list[tuple[int, float]] | None]  # the config.logprobs most likely (token, logprob); None if off
+
+
+def request_generator(config: GenerationConfig, device: torch.device | str = "cpu") -> torch.Generator | None:
+    """The per-request generator for a seeded config (None when unseeded): create it once, at admission."""
+    if config.seed is None:
+        return None
+    generator = torch.Generator(device=device)
+    generator.manual_seed(config.seed)
+    return generator
+
+
+class Sampler:
+    def __init__(self, seed: int | None = None) -> None:
+        self._generator = torch.Generator()
+        if seed is None:
+            self._generator.seed()
+        else:
+            self._generator.manual_seed(seed)
+
+    def sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SampleOutput:
+        if logits.dim() != 2 or logits.shape[0] != len(rows):
+            raise LmdError(f"Sampler.sample: logits of shape {tuple(logits.shape)} do not match {len(rows)} rows")
+        raw = logits.float()
+        processed = raw.clone()
+        _apply_repetition_penalty(processed, rows)
+        _mask_early_stop(processed, rows)
+
+        chosen = torch.empty(len(rows), dtype=torch.long, device=raw.device)
+        greedy = [i for i, row in enumerate(rows) if row.config.is_greedy]
+        sampled = [i for i, row in enumerate(rows) if not row.config.is_greedy]
+        if greedy:
+            index = torch.tensor(greedy, device=raw.device)
+            chosen[index] = processed[index].argmax(dim=-1)
+        if sampled:
+            index = torch.tensor(sampled, device=raw.device)
+            uniforms = self._uniforms([rows[i] for i in sampled], raw.device)
+            chosen[index] = _sample_top_k_top_p(processed[index], [rows[i].config for i in sampled], uniforms)
+
+        token_ids = chosen.tolist()
+        logprobs, top_logprobs = _raw_logprobs(raw, chosen, rows)
+        return SampleOutput(token_ids=token_ids, logprobs=logprobs, top_logprobs=top_logprobs)
+
+    def _uniforms(self, rows: list[SamplingRow], device: torch.device) -> torch.Tensor:
+        draws = []
+        for row in rows:
+            generator = row.generator if row.generator is not None else self._generator
+            draws.append(torch.rand(1, generator=generator, device=generator.device, dtype=torch.float64).to(device))
+        return torch.cat(draws).unsqueeze(1)
+
+
+def _apply_repetition_penalty(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
+    """HF's RepetitionPenaltyLogitsProcessor: seen tokens' logits are divided by the penalty if > 0, else multiplied."""
+    picked = [i for i, row in enumerate(rows) if row.config.repetition_penalty != 1.0 and row.token_ids]
+    if not picked:
+        return
+    width = max(len(rows[i].token_ids) for i in picked)
+    # Padding repeats a row's first token: scatter writes the same penalised value twice, which is harmless.
+    padded = [rows[i].token_ids + [rows[i].token_ids[0]] * (width - len(rows[i].token_ids)) for i in picked]
+    device = logits.device
+    row_index = torch.tensor(picked, device=device)
+    token_index = torch.tensor(padded, dtype=torch.long, device=device)
+    penalty = torch.tensor([rows[i].config.repetition_penalty for i in picked], device=device).unsqueeze(1)
+    sub = logits[row_index]
+    seen = sub.gather(1, token_index)
+    seen = torch.where(seen > 0, seen / penalty, seen * penalty)
+    logits[row_index] = sub.scatter(1, token_index, seen)
+
+
+def _mask_early_stop(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
+    """Before `min_new_tokens` tokens exist, no token that would end the request may be chosen."""
+    vocab = logits.shape[1]
+    for i, row in enumerate(rows):
+        if row.num_generated < row.config.min_new_tokens:
+            stops = sorted({t for t in (*row.eos_ids, *row.config.stop_token_ids) if 0 <= t < vocab})
+            if stops:
+                logits[i, torch.tensor(stops, device=logits.device)] = float("-inf")
+
+
+def _sample_top_k_top_p(logits: torch.Tensor, configs: list[GenerationConfig], uniforms: torch.Tensor) -> torch.Tensor:
+    rows, vocab = logits.shape
+    device = logits.device
+    temperature = torch.tensor([c.temperature for c in configs], device=device).unsqueeze(1)
+    top_k = torch.tensor([min(c.top_k, vocab) if c.top_k > 0 else vocab for c in configs], device=device)
+    # top_p = 1 means off: an infinite threshold never removes a token, even when the cumulative sum rounds to 1.
+    top_p = torch.tensor([c.top_p if c.top_p < 1.0 else float("inf") for c in configs], device=device).unsqueeze(1)
+
+    sorted_logits, sorted_ids = (logits / temperature).sort(dim=-1, descending=True)
+    kth = sorted_logits.gather(1, (top_k - 1).unsqueeze(1))
+    sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
+    probs = sorted_logits.softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs
+    drop = mass_before >= top_p
+    drop[:, 0] = False
+    probs = probs.masked_fill(drop, 0.0)
+
+    # The kept set is a prefix of the sorted order, so the CDF is flat after it and a draw below the total mass always
+    # lands on a kept token; the clamp guards the draw that rounds up to the total itself.
+    cdf = probs.double().cumsum(dim=-1)
+    total = cdf[:, -1:]
+    position = torch.searchsorted(cdf, uniforms * total, right=True)
+    last_kept = (cdf < total).sum(dim=-1, keepdim=True)
+    position = torch.minimum(position, last_kept)
+    return sorted_ids.gather(1, position).squeeze(1)
+
+
+def _raw_logprobs(
+    raw: torch.Tensor, chosen: torch.Tensor, rows: list[SamplingRow]
+) -> tuple[list[float | None], list[list[tuple[int, float]] | None]]:
+    logprobs: list[float | None] = [None] * len(rows)
+    top_logprobs: list[list[tuple[int, float]] | None] = [None] * len(rows)
+    wanted = [i for i, row in enumerate(rows) if row.config.logprobs is not None]
+    if not wanted:
+        return logprobs, top_logprobs
+    index = torch.tensor(wanted, device=raw.device)
+    log_probs = raw[index].log_softmax(dim=-1)
+    picked = log_probs.gather(1, chosen[index].unsqueeze(1)).squeeze(1).tolist()
+    k = min(max(rows[i].config.logprobs for i in wanted), raw.shape[1])
+    top_values, top_ids = log_probs.topk(k, dim=-1) if k else (log_probs[:, :0], log_probs[:, :0].long())
+    top_values, top_ids = top_values.tolist(), top_ids.tolist()
+    for slot, i in enumerate(wanted):
+        n = rows[i].config.logprobs
+        logprobs[i] = picked[slot]
+        top_logprobs[i] = list(zip(top_ids[slot][:n], top_values[slot][:n], strict=True))
+    return logprobs, top_logprobs

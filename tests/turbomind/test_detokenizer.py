@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+import pytest
+
+from lmd.turbomind.detokenizer import IncrementalDetokenizer
+from tests.conftest import smollm2_tokenizer
+
+TEXTS = [
+    "Hello, world! How are you today?",
+    "Café naïve résumé — déjà vu… ¿Qué tal? Übermäßig.",
+    "中文测试：你好，世界！日本語のテキストも。한국어도.",
+    "Emoji: 🎉🚀 👩‍💻 family 👨‍👩‍👧‍👦 flags 🇫🇷🇯🇵 done.",
+    "  leading spaces,\ttabs\nand\n\nnewlines   trailing  ",
+    "mixed 🎉中文é at the end 🚀",
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    tok = smollm2_tokenizer()
+    if tok is None:
+        pytest.skip("SmolLM2 tokenizer not available")
+    return tok
+
+
+def stream(tokenizer, prompt_ids: list[int], ids: list[int], skip_special_tokens: bool = True) -> list[str]:
+    detok = IncrementalDetokenizer(tokenizer, prompt_ids, skip_special_tokens=skip_special_tokens)
+    deltas = [detok.push(t) for t in ids]
+    deltas.append(detok.flush())
+    assert detok.text == "".join(deltas)
+    assert detok.token_ids == ids
+    return deltas
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_deltas_concatenate_to_the_full_decode_without_broken_characters(tokenizer, text):
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    prompt = tokenizer.encode("<|im_start|>user\nSay something.<|im_end|>\n<|im_start|>assistant\n")
+    deltas = stream(tokenizer, prompt, ids)
+    assert "".join(deltas) == tokenizer.decode(ids, skip_special_tokens=True) == text
+    assert not any("\ufffd" in d for d in deltas)
+
+
+def test_multi_token_characters_are_held_back_until_complete(tokenizer):
+    ids = tokenizer.encode("🎉", add_special_tokens=False)
+    assert len(ids) > 1  # byte-level BPE splits the emoji; otherwise this test checks nothing
+    deltas = stream(tokenizer, [], ids)
+    assert deltas[:-2] == [""] * (len(ids) - 1) and deltas[-2] == "🎉"
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_special_tokens_follow_skip_special_tokens(tokenizer, skip):
+    ids = tokenizer.encode("Done. 你好", add_special_tokens=False) + [tokenizer.eos_token_id]
+    deltas = stream(tokenizer, [], ids, skip_special_tokens=skip)
+    assert "".join(deltas) == tokenizer.decode(ids, skip_special_tokens=skip)
+    assert ("<|im_end|>" in "".join(deltas)) is not skip
+
+
+def test_invalid_bytes_are_held_until_flush(tokenizer):
+    lone = tokenizer.encode("🎉", add_special_tokens=False)[:1]  # the first byte of a 4-byte character, alone
+    detok = IncrementalDetokenizer(tokenizer, [])
+    assert detok.push(lone[0]) == ""
+    assert detok.flush() == tokenizer.decode(lone)
