@@ -68,9 +68,9 @@ def atomic_output_file(target: str | os.PathLike[str]) -> Iterator[Path]:
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
     os.close(fd)
     tmp = Path(name)
-    os.chmod(tmp, 0o666 & ~_umask())
     try:
         yield tmp
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 (and writers may recreate the file)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
