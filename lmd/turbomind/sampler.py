@@ -26,6 +26,8 @@ import torch
 from lmd.errors import LmdError
 from lmd.turbomind.gen_config import GenerationConfig
 
+MIN_TEMPERATURE = 1e-5
+
 
 @dataclass
 class SamplingRow:
@@ -84,11 +86,19 @@ class Sampler:
         return SampleOutput(token_ids=token_ids, logprobs=logprobs, top_logprobs=top_logprobs)
 
     def _uniforms(self, rows: list[SamplingRow], device: torch.device) -> torch.Tensor:
-        draws = []
-        for row in rows:
+        """One uniform in [0, 1) per row, each from that row's own generator (CPU or device generators alike)."""
+        values = torch.empty(len(rows), dtype=torch.float64)
+        on_device: list[tuple[int, torch.Tensor]] = []
+        for i, row in enumerate(rows):
             generator = row.generator if row.generator is not None else self._generator
-            draws.append(torch.rand(1, generator=generator, device=generator.device, dtype=torch.float64).to(device))
-        return torch.cat(draws).unsqueeze(1)
+            if generator.device.type == "cpu":
+                values[i] = torch.rand((), generator=generator, dtype=torch.float64)
+            else:
+                on_device.append((i, torch.rand(1, generator=generator, device=generator.device, dtype=torch.float64)))
+        values = values.to(device)
+        for i, value in on_device:
+            values[i] = value.to(device)[0]
+        return values.unsqueeze(1)
 
 
 def _apply_repetition_penalty(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
@@ -122,7 +132,8 @@ def _mask_early_stop(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
 def _sample_top_k_top_p(logits: torch.Tensor, configs: list[GenerationConfig], uniforms: torch.Tensor) -> torch.Tensor:
     rows, vocab = logits.shape
     device = logits.device
-    temperature = torch.tensor([c.temperature for c in configs], device=device).unsqueeze(1)
+    # A positive temperature this small is greedy in effect; the floor keeps logits / temperature finite.
+    temperature = torch.tensor([max(c.temperature, MIN_TEMPERATURE) for c in configs], device=device).unsqueeze(1)
     top_k = torch.tensor([min(c.top_k, vocab) if c.top_k > 0 else vocab for c in configs], device=device)
     # top_p = 1 means off: an infinite threshold never removes a token, even when the cumulative sum rounds to 1.
     top_p = torch.tensor([c.top_p if c.top_p < 1.0 else float("inf") for c in configs], device=device).unsqueeze(1)

@@ -221,3 +221,28 @@ def test_caller_logits_are_not_modified():
 def test_shape_mismatch_is_an_lmd_error():
     with pytest.raises(LmdError, match="2 rows"):
         Sampler().sample(torch.zeros(3, VOCAB), [make_row(GenerationConfig())] * 2)
+
+
+def test_tiny_positive_temperature_is_finite_and_picks_the_argmax():
+    logits = random_logits(3, seed=7, scale=30.0)
+    rows = [make_row(GenerationConfig(temperature=1e-30, top_k=0, top_p=1.0)) for _ in range(3)]
+    assert Sampler(seed=0).sample(logits, rows).token_ids == logits.argmax(-1).tolist()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_logits_give_the_cpu_tokens_with_cpu_generators_and_accept_cuda_generators():
+    logits = random_logits(16, vocab=4096, seed=8)
+    configs = [
+        GenerationConfig(temperature=0.9, top_k=k, top_p=p, seed=s, logprobs=2, repetition_penalty=1.1)
+        for s, (k, p) in enumerate([(0, 1.0), (40, 0.8), (5, 0.95), (1, 1.0)] * 4)
+    ]
+
+    def rows(device: str) -> list[SamplingRow]:
+        return [make_row(c, token_ids=[1, 2, 3], generator=request_generator(c, device)) for c in configs]
+
+    cpu = Sampler(seed=0).sample(logits, rows("cpu"))
+    cuda = Sampler(seed=0).sample(logits.cuda(), rows("cpu"))
+    assert cuda.token_ids == cpu.token_ids
+    assert cuda.logprobs == pytest.approx(cpu.logprobs, abs=1e-4)
+    first = Sampler(seed=0).sample(logits.cuda(), rows("cuda")).token_ids
+    assert Sampler(seed=1).sample(logits.cuda(), rows("cuda")).token_ids == first
