@@ -130,7 +130,21 @@ def _mask_early_stop(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
 
 
 def _sample_top_k_top_p(logits: torch.Tensor, configs: list[GenerationConfig], uniforms: torch.Tensor) -> torch.Tensor:
-    rows, vocab = logits.shape
+    probs, sorted_ids = _filtered_sorted_probs(logits, configs)
+    # The kept set is a prefix of the sorted order, so the CDF is flat after it and a draw below the total mass always
+    # lands on a kept token; the clamp guards the draw that rounds up to the total itself.
+    cdf = probs.double().cumsum(dim=-1)
+    total = cdf[:, -1:]
+    position = torch.searchsorted(cdf, uniforms * total, right=True)
+    last_kept = (cdf < total).sum(dim=-1, keepdim=True)
+    position = torch.minimum(position, last_kept)
+    return sorted_ids.gather(1, position).squeeze(1)
+
+
+def _filtered_sorted_probs(logits: torch.Tensor, configs: list[GenerationConfig]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Temperature, then top-k, then top-p: each row's probabilities in descending order (0 where filtered out),
+    and the token id at each position."""
+    vocab = logits.shape[1]
     device = logits.device
     # A positive temperature this small is greedy in effect; the floor keeps logits / temperature finite.
     temperature = torch.tensor([max(c.temperature, MIN_TEMPERATURE) for c in configs], device=device).unsqueeze(1)
@@ -145,16 +159,7 @@ def _sample_top_k_top_p(logits: torch.Tensor, configs: list[GenerationConfig], u
     mass_before = probs.cumsum(dim=-1) - probs
     drop = mass_before >= top_p
     drop[:, 0] = False
-    probs = probs.masked_fill(drop, 0.0)
-
-    # The kept set is a prefix of the sorted order, so the CDF is flat after it and a draw below the total mass always
-    # lands on a kept token; the clamp guards the draw that rounds up to the total itself.
-    cdf = probs.double().cumsum(dim=-1)
-    total = cdf[:, -1:]
-    position = torch.searchsorted(cdf, uniforms * total, right=True)
-    last_kept = (cdf < total).sum(dim=-1, keepdim=True)
-    position = torch.minimum(position, last_kept)
-    return sorted_ids.gather(1, position).squeeze(1)
+    return probs.masked_fill(drop, 0.0), sorted_ids
 
 
 def _raw_logprobs(

@@ -11,7 +11,13 @@ from transformers.generation.logits_process import (
 
 from lmd.errors import LmdError
 from lmd.turbomind.gen_config import GenerationConfig
-from lmd.turbomind.sampler import Sampler, SamplingRow, _apply_repetition_penalty, request_generator
+from lmd.turbomind.sampler import (
+    Sampler,
+    SamplingRow,
+    _apply_repetition_penalty,
+    _filtered_sorted_probs,
+    request_generator,
+)
 
 VOCAB = 24
 EOS = 2
@@ -88,6 +94,31 @@ def test_empirical_support_equals_hf_warper_support(config):
     probs = reference_probs(logits, config)
     likely = {t for t in allowed if probs[t] > 0.005}  # rarer tokens may legitimately go unseen in 4000 draws
     assert likely <= seen
+
+
+def test_top_k_top_p_support_equals_hf_warpers_on_many_rows():
+    vocab = 1000
+    logits = random_logits(64, vocab=vocab, seed=11, scale=3.0)
+    configs = [
+        GenerationConfig(temperature=t, top_k=k, top_p=p)
+        for t, k, p in [
+            (1.0, 0, 0.9),
+            (0.6, 50, 1.0),
+            (1.4, 200, 0.5),
+            (0.9, 7, 0.99),
+            (1.0, 0, 0.05),
+            (2.0, 1000, 0.8),
+            (0.3, 20, 0.95),
+            (1.0, 2000, 1.0),
+        ]
+    ] * 8
+    probs, ids = _filtered_sorted_probs(logits, configs)
+    for i, config in enumerate(configs):
+        ours = set(ids[i][probs[i] > 0].tolist())
+        assert ours == hf_support(logits[i], config), i
+        kept = torch.zeros(vocab)
+        kept[ids[i]] = probs[i]
+        torch.testing.assert_close(kept / kept.sum(), reference_probs(logits[i], config))
 
 
 @pytest.mark.parametrize(
