@@ -1,0 +1,28 @@
+"""Self-attention of one decoder layer: fused QKV (+bias), RoPE, KV write into the paged cache, paged attention, wo."""
+
+from __future__ import annotations
+
+import torch
+
+from lmd.turbomind.forward_batch import ForwardBatch
+from lmd.turbomind.kv_cache import KVCache
+from lmd.turbomind.linear import Linear
+from lmd.turbomind.paged_attention import paged_attention
+from lmd.turbomind.rope import apply_rotary
+
+
+class Attention:
+    def __init__(self, layer: int, w_qkv: Linear, wo: Linear, q_heads: int, kv_heads: int, head_dim: int) -> None:
+        self.layer, self.w_qkv, self.wo = layer, w_qkv, wo
+        self.q_heads, self.kv_heads, self.head_dim = q_heads, kv_heads, head_dim
+        self.scale = head_dim ** -0.5
+
+    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch,
+                 cache: KVCache) -> torch.Tensor:
+        t, d = x.shape[0], self.head_dim
+        q, k, v = self.w_qkv(x).split([self.q_heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
+        q = apply_rotary(q.reshape(t, self.q_heads, d), cos, sin)
+        k = apply_rotary(k.reshape(t, self.kv_heads, d), cos, sin)
+        cache.write(self.layer, k, v.reshape(t, self.kv_heads, d), batch.slots)
+        out = paged_attention(q, cache, self.layer, batch, self.scale)
+        return self.wo(out.reshape(t, self.q_heads * d))

@@ -1,0 +1,148 @@
+"""Engine configuration: the model facts and the serving keys of a workspace's config.ini, plus caller overrides.
+
+`ModelConfig` is what the weights were built for (fixed); `EngineConfig` holds the serving keys a user may edit in
+config.ini or override per call (`Engine(ws, max_batch_size=8)`). Both are frozen; runtime facts (number of KV
+blocks, eos ids) live in the objects that compute them, never here.
+"""
+
+from __future__ import annotations
+
+import configparser
+import dataclasses
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from lmd.errors import LmdError
+
+WEIGHT_TYPES = ("fp16", "bf16", "fp32", "int4")
+ROPE_TYPES = ("none", "linear", "dynamic", "llama3", "yarn")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model_name: str
+    model_arch: str
+    tensor_para_size: int
+    head_num: int
+    kv_head_num: int
+    size_per_head: int
+    hidden_units: int
+    vocab_size: int
+    num_layer: int
+    inter_size: int
+    norm_eps: float
+    attn_bias: bool
+    start_id: int
+    end_ids: tuple[int, ...]
+    weight_type: str
+    group_size: int
+    compute_dtype: str
+    rotary_embedding: int
+    rope_theta: float
+    rope_scaling_type: str
+    rope_scaling_factor: float
+    rope_low_freq_factor: float
+    rope_high_freq_factor: float
+    original_max_position_embeddings: int
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+
+    def __post_init__(self) -> None:
+        if self.weight_type not in WEIGHT_TYPES:
+            raise LmdError(f"config.ini: weight_type={self.weight_type!r} is unknown; "
+                           f"use one of {', '.join(WEIGHT_TYPES)}")
+        if self.rope_scaling_type not in ROPE_TYPES:
+            raise LmdError(f"config.ini: rope_scaling_type={self.rope_scaling_type!r} is unknown; "
+                           f"use one of {', '.join(ROPE_TYPES)}")
+        if self.head_num % self.kv_head_num:
+            raise LmdError(f"config.ini: head_num={self.head_num} is not a multiple of kv_head_num={self.kv_head_num}")
+        for name in ("head_num", "kv_head_num", "inter_size"):
+            if getattr(self, name) % self.tensor_para_size:
+                raise LmdError(f"config.ini: {name}={getattr(self, name)} is not divisible by "
+                               f"tensor_para_size={self.tensor_para_size}; redeploy with another --tp")
+        if self.weight_type == "int4" and self.group_size <= 0:
+            raise LmdError("config.ini: weight_type=int4 needs group_size > 0; redeploy the workspace")
+
+    @property
+    def float_dtype(self) -> str:
+        """The activation dtype: the weights' own for float weights, compute_dtype for int4."""
+        return self.compute_dtype if self.weight_type == "int4" else self.weight_type
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    session_len: int = 4096
+    max_batch_size: int = 64
+    max_context_token_num: int = 2048
+    step_length: int = 1
+    cache_max_entry_count: float = 0.5
+    cache_block_seq_len: int = 64
+    cache_chunk_size: int = -1
+    use_context_fmha: bool = True
+    quant_policy: int = 0
+    device: str = "auto"  # not in config.ini: "auto" picks cuda when available
+    dtype: str = "auto"  # not in config.ini: "auto" keeps the workspace's compute dtype; else fp32/fp16/bf16
+    tp_rank: int = 0
+
+    def __post_init__(self) -> None:
+        positive = ("session_len", "max_batch_size", "max_context_token_num", "step_length", "cache_block_seq_len")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise LmdError(f"{name}={getattr(self, name)} must be > 0 (config.ini or engine option)")
+        if self.cache_max_entry_count <= 0:
+            raise LmdError(f"cache_max_entry_count={self.cache_max_entry_count} must be > 0: "
+                           "a fraction of free memory (<= 1) or a number of blocks (> 1)")
+        if self.quant_policy not in (0, 4):
+            raise LmdError(f"quant_policy={self.quant_policy} is not supported; "
+                           "use 0 (KV in the compute dtype) or 4 (KV int8)")
+        if self.dtype not in ("auto", "fp32", "fp16", "bf16"):
+            raise LmdError(f"dtype={self.dtype!r} is unknown; use auto, fp32, fp16 or bf16")
+
+
+_MODEL_KEYS = {f.name for f in fields(ModelConfig)} - {"end_ids"} | {"end_id"}
+_ENGINE_INI_KEYS = {f.name for f in fields(EngineConfig)} - {"device", "dtype", "tp_rank"}
+
+
+def read_config_ini(path: Path, overrides: dict[str, Any] | None = None) -> tuple[ModelConfig, EngineConfig]:
+    """Parse `[llama]` of config.ini; `overrides` replace serving keys (the EngineConfig fields) only."""
+    if not path.is_file():
+        raise LmdError(f"{path} not found; is this a workspace written by `lmd deploy`?")
+    parser = configparser.ConfigParser()
+    parser.read(path)
+    if not parser.has_section("llama"):
+        raise LmdError(f"{path}: no [llama] section; redeploy the workspace with `lmd deploy`")
+    raw = dict(parser["llama"])
+    missing = sorted(_MODEL_KEYS - raw.keys())
+    if missing:
+        raise LmdError(f"{path}: missing keys {', '.join(missing)}; redeploy the workspace with `lmd deploy`")
+    model = ModelConfig(**{f.name: _convert(path, f.name, f.type, raw) for f in fields(ModelConfig)})
+    engine_kwargs = {f.name: _convert(path, f.name, f.type, raw) for f in fields(EngineConfig) if f.name in raw
+                     and f.name in _ENGINE_INI_KEYS}
+    unknown = sorted(set(overrides or {}) - {f.name for f in fields(EngineConfig)})
+    if unknown:
+        raise LmdError(f"unknown engine option(s) {', '.join(unknown)}; "
+                       f"known: {', '.join(f.name for f in fields(EngineConfig))}")
+    engine_kwargs.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    return model, EngineConfig(**engine_kwargs)
+
+
+def replace_engine(config: EngineConfig, **changes: Any) -> EngineConfig:
+    return dataclasses.replace(config, **changes)
+
+
+def _convert(path: Path, name: str, type_name: Any, raw: dict[str, str]) -> Any:
+    key = "end_id" if name == "end_ids" else name
+    value = raw[key].strip()
+    try:
+        if name == "end_ids":
+            return tuple(int(v) for v in value.split(",") if v.strip())
+        if type_name in ("int", int):
+            return int(float(value))
+        if type_name in ("float", float):
+            return float(value)
+        if type_name in ("bool", bool):
+            return value.lower() in ("1", "true", "yes")
+        return value
+    except ValueError:
+        raise LmdError(f"{path}: {key}={value!r} is not a valid {type_name}; fix or redeploy") from None

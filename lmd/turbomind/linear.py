@@ -1,0 +1,67 @@
+"""Linear layers of the engine: dense (fp32/fp16/bf16, [out, in] weights) and int4 W4A16 (engine layout).
+
+`int4_matmul` is the one place the int4 path is chosen: the kernels module's `w4a16_linear` dispatches to Triton on
+CUDA and to the PyTorch reference elsewhere.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+
+def int4_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                bias: torch.Tensor | None) -> torch.Tensor:
+    return _int4_impl()(x, qweight, scales, zeros, bias)
+
+
+@functools.cache
+def _int4_impl() -> Callable[..., torch.Tensor]:
+    try:
+        from lmd.turbomind.kernels.w4a16 import w4a16_linear
+    except ImportError:  # the kernels module is optional; the layout module's reference is always there
+        return _int4_reference
+    return w4a16_linear
+
+
+def _int4_reference(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                    bias: torch.Tensor | None) -> torch.Tensor:
+    from lmd.turbomind.kernels.w4a16_layout import w4a16_matmul_reference
+
+    y = w4a16_matmul_reference(x, qweight, scales, zeros)
+    return y if bias is None else y + bias
+
+
+class DenseLinear:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        self.weight, self.bias = weight, bias
+        self.out_features = weight.shape[0]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class Int4Linear:
+    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                 bias: torch.Tensor | None = None) -> None:
+        self.qweight, self.scales, self.zeros, self.bias = qweight, scales, zeros, bias
+        self.out_features = qweight.shape[1]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return int4_matmul(x, self.qweight, self.scales, self.zeros, self.bias)
+
+
+Linear = DenseLinear | Int4Linear
+
+
+def make_linear(weights: dict[str, torch.Tensor], name: str, dtype: torch.dtype) -> Linear:
+    """`name`.weight (dense) or `name`.qweight/.scales/.zeros (int4), with an optional `name`.bias."""
+    bias = weights.get(f"{name}.bias")
+    bias = None if bias is None else bias.to(dtype)
+    if f"{name}.qweight" in weights:
+        return Int4Linear(weights[f"{name}.qweight"], weights[f"{name}.scales"].to(dtype),
+                          weights[f"{name}.zeros"].to(dtype), bias)
+    return DenseLinear(weights[f"{name}.weight"].to(dtype), bias)

@@ -1,0 +1,59 @@
+"""The Llama-family model (llama, mistral, qwen2) over a flat batch of tokens and the paged KV cache."""
+
+from __future__ import annotations
+
+import torch
+
+from lmd.turbomind.attention import Attention
+from lmd.turbomind.config import ModelConfig
+from lmd.turbomind.forward_batch import ForwardBatch
+from lmd.turbomind.kv_cache import KVCache
+from lmd.turbomind.layers import GatedMLP, rms_norm
+from lmd.turbomind.linear import make_linear
+from lmd.turbomind.rope import RotaryEmbedding
+
+
+class DecoderLayer:
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], i: int, dtype: torch.dtype) -> None:
+        p, r = f"layers.{i}.", cfg.tensor_para_size
+        self.eps = cfg.norm_eps
+        self.attention_norm = weights[p + "attention_norm.weight"].to(dtype)
+        self.ffn_norm = weights[p + "ffn_norm.weight"].to(dtype)
+        self.attention = Attention(i, make_linear(weights, p + "attention.w_qkv", dtype),
+                                   make_linear(weights, p + "attention.wo", dtype),
+                                   cfg.head_num // r, cfg.kv_head_num // r, cfg.size_per_head)
+        self.mlp = GatedMLP(make_linear(weights, p + "feed_forward.w13", dtype),
+                            make_linear(weights, p + "feed_forward.w2", dtype))
+
+    def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch,
+                 cache: KVCache) -> torch.Tensor:
+        h = h + self.attention(rms_norm(h, self.attention_norm, self.eps), cos, sin, batch, cache)
+        return h + self.mlp(rms_norm(h, self.ffn_norm, self.eps))
+
+
+class LlamaModel:
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
+                 device: torch.device) -> None:
+        self.cfg, self.dtype = cfg, dtype
+        self.embed = weights["tok_embeddings.weight"].to(dtype)
+        self.norm = weights["norm.weight"].to(dtype)
+        self.lm_head = self.embed if cfg.tie_word_embeddings else weights["output.weight"].to(dtype)
+        self.layers = [DecoderLayer(cfg, weights, i, dtype) for i in range(cfg.num_layer)]
+        self.rope = RotaryEmbedding(cfg, device)
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
+        """-> fp32 logits [len(batch.logit_indices), vocab_size] (padding rows of the embedding dropped)."""
+        h = self.hidden_states(batch, cache)[batch.logit_indices]
+        return self.logits(h)
+
+    def hidden_states(self, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
+        """Final-normed hidden states [T, H] of every token of the batch (writes their KV into the cache)."""
+        h = self.embed[batch.input_ids]
+        cos, sin = self.rope.cos_sin(batch.positions, batch.token_seq_lens, self.dtype)
+        for layer in self.layers:
+            h = layer(h, cos, sin, batch, cache)
+        return rms_norm(h, self.norm, self.cfg.norm_eps)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(h, self.lm_head[: self.cfg.vocab_size]).float()

@@ -1,0 +1,126 @@
+"""Persistent batching: which sequences compute which tokens this step. Plain data in, plain data out.
+
+Ordering rules of one `schedule()`:
+1. Running sequences, oldest first, each get their next chunk (1 token when decoding, up to the remaining budget
+   when still prefilling) out of the step's token budget `max_tokens_per_step`.
+2. A running sequence that cannot get KV blocks preempts the newest running sequence (possibly itself): its blocks
+   are freed and it goes back to the front of the waiting queue, to be recomputed (its full blocks stay in the
+   prefix cache, so the recompute is often a cache hit).
+3. Only when nothing was preempted, waiting sequences are admitted in FIFO order while a slot
+   (`max_batch_size`), budget and blocks remain (and every `step_length` steps); a long prompt is prefilled in
+   chunks over several steps. The prompt's cached prefix (whole blocks) is taken from the block manager, not computed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from lmd.turbomind.block_manager import BlockManager
+from lmd.turbomind.sequence import Sequence, SequenceStatus
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    seq_id: int
+    token_ids: tuple[int, ...]
+    start: int  # position of token_ids[0] in the sequence
+    block_table: tuple[int, ...]
+    needs_logits: bool  # the chunk ends the sequence's known tokens: sample the next one
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    chunks: tuple[ScheduledChunk, ...]
+    preempted: tuple[int, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(c.token_ids) for c in self.chunks)
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_batch_size: int, max_tokens_per_step: int,
+                 step_length: int = 1) -> None:
+        self.block_manager = block_manager
+        self.max_batch_size, self.max_tokens_per_step, self.step_length = max_batch_size, max_tokens_per_step, step_length
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self._steps = 0
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.max_tokens_per_step
+        chunks: list[ScheduledChunk] = []
+        preempted: list[int] = []
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.num_uncomputed, budget)
+            if n == 0:  # nothing new yet (the engine has not appended its sampled token)
+                i += 1
+                continue
+            while not self.block_manager.append_slots(seq, n):
+                victim = self.running[-1]
+                self._preempt(victim)
+                preempted.append(victim.seq_id)
+                if victim is seq:
+                    break
+            else:
+                chunks.append(_chunk(seq, n))
+                budget -= n
+                i += 1
+        admit = not preempted and self._steps % self.step_length == 0
+        while admit and self.waiting and len(self.running) < self.max_batch_size and budget > 0:
+            seq = self.waiting[0]
+            matched = self.block_manager.match_prefix(seq.token_ids)
+            hit = len(matched) * self.block_manager.block_size
+            n = min(len(seq) - hit, budget)
+            if not self.block_manager.can_admit(matched, hit + n):
+                break
+            self.waiting.popleft()
+            self.block_manager.admit(seq, matched, hit + n)
+            seq.num_computed_tokens = hit
+            seq.num_prefix_hit_tokens += hit
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            chunks.append(_chunk(seq, n))
+            budget -= n
+        self._steps += 1
+        return SchedulerOutput(tuple(chunks), tuple(preempted))
+
+    def complete_step(self, output: SchedulerOutput, seqs: dict[int, Sequence]) -> None:
+        """The step's KV is in the cache: advance each sequence and publish its newly full blocks."""
+        for chunk in output.chunks:
+            seq = seqs[chunk.seq_id]
+            seq.num_computed_tokens = chunk.start + len(chunk.token_ids)
+            self.block_manager.commit_full_blocks(seq)
+
+    def finish(self, seq: Sequence) -> None:
+        """Completed or aborted: free the blocks at once, whatever state the sequence is in."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+
+
+def _chunk(seq: Sequence, n: int) -> ScheduledChunk:
+    start = seq.num_computed_tokens
+    return ScheduledChunk(seq.seq_id, tuple(seq.token_ids[start:start + n]), start, tuple(seq.block_table),
+                          start + n == len(seq))
