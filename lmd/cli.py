@@ -21,9 +21,11 @@ eval_app = typer.Typer(help="Evaluate a model or workspace.", no_args_is_help=Tr
 app.add_typer(eval_app, name="eval")
 
 # Each feature module defines its command functions (heavy imports inside them); register them here, one line each.
+from lmd.deploy.command import deploy_command  # noqa: E402
 from lmd.eval.cli import ppl_command  # noqa: E402
 
 eval_app.command("ppl")(ppl_command)
+app.command("deploy")(deploy_command)
 
 
 def main() -> None:
