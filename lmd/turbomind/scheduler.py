@@ -46,10 +46,13 @@ class Scheduler:
         self.max_batch_size, self.max_tokens_per_step, self.step_length = max_batch_size, max_tokens_per_step, step_length
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self._seqs: dict[int, Sequence] = {}
         self._steps = 0
+        self.prefix_hit_tokens = 0  # over all admissions
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
+        self._seqs[seq.seq_id] = seq
         self.waiting.append(seq)
 
     def has_work(self) -> bool:
@@ -88,6 +91,7 @@ class Scheduler:
             self.block_manager.admit(seq, matched, hit + n)
             seq.num_computed_tokens = hit
             seq.num_prefix_hit_tokens += hit
+            self.prefix_hit_tokens += hit
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             chunks.append(_chunk(seq, n))
@@ -95,10 +99,10 @@ class Scheduler:
         self._steps += 1
         return SchedulerOutput(tuple(chunks), tuple(preempted))
 
-    def complete_step(self, output: SchedulerOutput, seqs: dict[int, Sequence]) -> None:
+    def complete_step(self, output: SchedulerOutput) -> None:
         """The step's KV is in the cache: advance each sequence and publish its newly full blocks."""
         for chunk in output.chunks:
-            seq = seqs[chunk.seq_id]
+            seq = self._seqs[chunk.seq_id]
             seq.num_computed_tokens = chunk.start + len(chunk.token_ids)
             self.block_manager.commit_full_blocks(seq)
 
@@ -109,6 +113,7 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.block_manager.free(seq)
+        self._seqs.pop(seq.seq_id, None)
         seq.status = SequenceStatus.FINISHED
 
     def _preempt(self, seq: Sequence) -> None:

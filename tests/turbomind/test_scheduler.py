@@ -26,7 +26,7 @@ class FakeEngine:
     def step(self):
         out = self.sched.schedule()
         self.outputs.append(out)
-        self.sched.complete_step(out, self.seqs)
+        self.sched.complete_step(out)
         for chunk in out.chunks:
             seq = self.seqs[chunk.seq_id]
             if chunk.needs_logits:

@@ -1,0 +1,208 @@
+"""The serving engine: requests in, streams of deltas out, one background thread stepping the batch.
+
+    generate() / abort()  ->  inbox  ->  step():  schedule -> run model -> sample -> post-process -> streams
+
+Only the engine thread touches the scheduler, block manager and cache; callers talk to it through the inbox.
+With `start=False` no thread runs and the caller drives `step()` itself (tests, offline scoring).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lmd.errors import LmdError
+from lmd.turbomind.block_manager import BlockManager
+from lmd.turbomind.gen_config import GenerationConfig
+from lmd.turbomind.model_runner import ModelRunner
+from lmd.turbomind.request_state import RequestState
+from lmd.turbomind.request_stream import RequestStream
+from lmd.turbomind.sampler import Sampler
+from lmd.turbomind.scheduler import Scheduler, SchedulerOutput
+from lmd.turbomind.sequence import Sequence
+from lmd.turbomind.workspace import Workspace, open_workspace
+
+Prompt = str | list[dict[str, str]] | list[int]
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    running: int
+    waiting: int
+    blocks_total: int
+    blocks_used: int
+    blocks_free: int
+    blocks_cached: int  # free blocks still holding a reusable prefix
+    prompt_tokens: int  # submitted
+    computed_tokens: int  # tokens the model actually ran (prefill chunks + decodes)
+    prefix_hit_tokens: int  # prompt tokens whose KV came from the prefix cache
+    generated_tokens: int
+    preemptions: int
+    steps: int
+
+
+class Engine:
+    def __init__(self, workspace: str | Path | Workspace, start: bool = True, **overrides: Any) -> None:
+        ws = workspace if isinstance(workspace, Workspace) else open_workspace(workspace, **overrides)
+        self.workspace = ws
+        self.tokenizer = ws.load_tokenizer()
+        self.chat_template = ws.chat_template()
+        self.runner = ModelRunner(ws)
+        cfg = ws.engine
+        self.block_manager = BlockManager(self.runner.num_blocks, cfg.cache_block_seq_len)
+        self.scheduler = Scheduler(self.block_manager, cfg.max_batch_size, cfg.max_context_token_num, cfg.step_length)
+        self.sampler = Sampler()
+        self.eos_ids = tuple(dict.fromkeys(ws.model.end_ids + self._template_stop_ids()))
+        self.max_len = min(cfg.session_len, self.runner.num_blocks * cfg.cache_block_seq_len)
+        self._states: dict[int, RequestState] = {}
+        self._seq_of: dict[object, int] = {}
+        self._next_seq_id = 0
+        self._inbox: list[Callable[[], None]] = []
+        self._cv = threading.Condition()
+        self._counts = dict(prompt_tokens=0, computed_tokens=0, generated_tokens=0, preemptions=0, steps=0)
+        self._stopping = False
+        self.last_error: Exception | None = None
+        self._thread: threading.Thread | None = None
+        if start:
+            self._thread = threading.Thread(target=self._loop, name="lmd-engine", daemon=True)
+            self._thread.start()
+
+    # ---- caller side (any thread) ----
+
+    def generate(self, prompt: Prompt, gen_config: GenerationConfig | None = None, request_id: object = None,
+                 apply_chat_template: bool = True) -> RequestStream:
+        """Queue a request; iterate the returned stream (`for` or `async for`) for its deltas."""
+        config = gen_config or GenerationConfig()
+        token_ids = self.encode(prompt, apply_chat_template)
+        if len(token_ids) >= self.max_len:
+            raise LmdError(f"the prompt has {len(token_ids)} tokens; this engine holds at most {self.max_len} "
+                           "per session (session_len / KV cache); shorten it or raise session_len")
+        with self._cv:
+            seq = Sequence(self._next_seq_id, token_ids)
+            self._next_seq_id += 1
+            request_id = seq.seq_id if request_id is None else request_id
+            if request_id in self._seq_of:
+                raise LmdError(f"request_id {request_id!r} is already running; use a new id")
+            stream = RequestStream(request_id, self.abort)
+            state = RequestState(request_id, seq, config, self.tokenizer, self.eos_ids, self.max_len, stream)
+            self._seq_of[request_id] = seq.seq_id
+            self._inbox.append(lambda: self._admit(state))
+            self._cv.notify()
+        return stream
+
+    def abort(self, request_id: object) -> None:
+        """Stop a request and free its KV blocks at the next step; its stream ends with finish_reason 'abort'."""
+        with self._cv:
+            self._inbox.append(lambda: self._abort(request_id))
+            self._cv.notify()
+
+    def encode(self, prompt: Prompt, apply_chat_template: bool = True) -> list[int]:
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            return list(prompt)
+        if isinstance(prompt, str) and not apply_chat_template:
+            return list(self.tokenizer(prompt)["input_ids"])
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        return self.chat_template.encode(messages, self.tokenizer)  # type: ignore[arg-type]
+
+    def stats(self) -> EngineStats:
+        bm = self.block_manager
+        return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), bm.num_blocks, bm.num_used,
+                           bm.num_free, bm.num_cached_free, prefix_hit_tokens=self.scheduler.prefix_hit_tokens,
+                           **self._counts)
+
+    def close(self) -> None:
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+        if self._thread is not None:
+            self._thread.join()
+        for seq_id in list(self._states):
+            self._finish(seq_id, "abort")
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- engine thread ----
+
+    def step(self) -> bool:
+        """One batch step; False when there was nothing to compute."""
+        self._drain_inbox()
+        output = self.scheduler.schedule()
+        if not output.chunks:
+            return False
+        logits = self.runner.run(output)
+        self.scheduler.complete_step(output)
+        rows = [self._states[c.seq_id].sampling_row() for c in output.chunks if c.needs_logits]
+        samples = self.sampler.sample(logits, rows)
+        self._postprocess(output, samples.token_ids, samples.logprobs, samples.top_logprobs)
+        return True
+
+    def _postprocess(self, output: SchedulerOutput, tokens: list[int], logprobs: list, top: list) -> None:
+        self._counts["steps"] += 1
+        self._counts["computed_tokens"] += output.num_tokens
+        self._counts["preemptions"] += len(output.preempted)
+        sampled = [c.seq_id for c in output.chunks if c.needs_logits]
+        for seq_id, token, logprob, alternatives in zip(sampled, tokens, logprobs, top, strict=True):
+            state = self._states[seq_id]
+            delta = state.advance(token, logprob, alternatives)
+            self._counts["generated_tokens"] += 1
+            state.stream.put(delta)
+            if delta.finish_reason is not None:
+                self._finish(seq_id, None)
+
+    def _admit(self, state: RequestState) -> None:
+        self._states[state.seq.seq_id] = state
+        self._counts["prompt_tokens"] += len(state.seq)
+        self.scheduler.add(state.seq)
+
+    def _abort(self, request_id: object) -> None:
+        seq_id = self._seq_of.get(request_id)
+        if seq_id is not None and seq_id in self._states:
+            self._finish(seq_id, "abort")
+
+    def _finish(self, seq_id: int, reason: str | None) -> None:
+        """Free everything of a request; `reason` set: also end its stream (abort, error)."""
+        state = self._states.pop(seq_id)
+        self._seq_of.pop(state.request_id, None)
+        self.scheduler.finish(state.seq)
+        if reason is not None:
+            state.stream.put(state.final_delta(reason, state.stop_strings.flush()))
+
+    def _drain_inbox(self) -> None:
+        with self._cv:
+            commands, self._inbox = self._inbox, []
+        for command in commands:
+            command()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not (self._stopping or self._inbox or self.scheduler.has_work()):
+                    self._cv.wait()
+                if self._stopping:
+                    return
+            try:
+                progressed = self.step()
+            except Exception as exc:  # a failed step ends every request in flight, the engine stays usable
+                for seq_id in list(self._states):
+                    self._finish(seq_id, "error")
+                self.last_error = exc
+                continue
+            if not progressed:
+                with self._cv:
+                    self._cv.wait(timeout=0.005)
+
+    def _template_stop_ids(self) -> tuple[int, ...]:
+        """Stop words of the chat template that are single tokens (e.g. <|im_end|>) end a turn like eos."""
+        ids = []
+        for word in self.chat_template.stop_words:
+            encoded = self.tokenizer.convert_tokens_to_ids(word)
+            if isinstance(encoded, int) and encoded != self.tokenizer.unk_token_id:
+                ids.append(encoded)
+        return tuple(ids)

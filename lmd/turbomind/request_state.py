@@ -1,0 +1,47 @@
+"""One request's post-processing on the engine thread: sampled token -> stop checks -> text delta -> stream."""
+
+from __future__ import annotations
+
+from lmd.turbomind.detokenizer import IncrementalDetokenizer
+from lmd.turbomind.gen_config import GenerationConfig
+from lmd.turbomind.request_stream import Delta, RequestStream, Usage
+from lmd.turbomind.sampler import SamplingRow, request_generator
+from lmd.turbomind.sequence import Sequence
+from lmd.turbomind.stop_strings import StopStringMatcher
+
+
+class RequestState:
+    def __init__(self, request_id: object, seq: Sequence, config: GenerationConfig, tokenizer: object,
+                 eos_ids: tuple[int, ...], max_len: int, stream: RequestStream) -> None:
+        self.request_id, self.seq, self.config, self.stream = request_id, seq, config, stream
+        self.eos_ids, self.max_len = eos_ids, max_len
+        self.detokenizer = IncrementalDetokenizer(tokenizer, seq.token_ids, config.skip_special_tokens)
+        self.stop_strings = StopStringMatcher(config.stop_words)
+        self.generator = request_generator(config)
+
+    def sampling_row(self) -> SamplingRow:
+        return SamplingRow(self.config, self.seq.token_ids, self.seq.num_generated, self.generator, self.eos_ids)
+
+    def advance(self, token: int, logprob: float | None, top: list[tuple[int, float]] | None) -> Delta:
+        """Append the sampled token and make its delta; a delta with a finish_reason ends the request."""
+        seq, config = self.seq, self.config
+        seq.token_ids.append(token)
+        is_stop_token = token in config.stop_token_ids or (token in self.eos_ids and not config.ignore_eos)
+        finish = "stop" if is_stop_token else None
+        if finish is None and (seq.num_generated >= config.max_new_tokens or len(seq) >= self.max_len):
+            finish = "length"
+        text, hit = self.stop_strings.push("" if is_stop_token else self.detokenizer.push(token))
+        if hit:
+            finish = "stop"
+        elif finish is not None:
+            tail, hit = self.stop_strings.push(self.detokenizer.flush())
+            text += tail if hit else tail + self.stop_strings.flush()
+        return Delta(self.request_id, text, (token,), finish, self.usage() if finish else None,
+                     None if logprob is None else (logprob,), None if top is None else (tuple(top),))
+
+    def usage(self) -> Usage:
+        seq = self.seq
+        return Usage(seq.num_prompt_tokens, seq.num_generated, min(seq.num_prefix_hit_tokens, seq.num_prompt_tokens))
+
+    def final_delta(self, reason: str, text: str = "") -> Delta:
+        return Delta(self.request_id, text, (), reason, self.usage())

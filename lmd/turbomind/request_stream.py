@@ -1,0 +1,105 @@
+"""What a caller gets back from `Engine.generate`: a stream of deltas, iterable synchronously or asynchronously.
+
+The engine thread `put`s deltas; the caller reads them with `for delta in stream` or `async for delta in stream`.
+The last delta has a finish_reason ("stop", "length", "abort" or "error").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int  # prompt tokens whose KV came from the prefix cache
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class Delta:
+    request_id: object
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    logprobs: tuple[float, ...] | None = None  # of each token in token_ids (when the request asked for logprobs)
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None
+
+
+@dataclass
+class Response:
+    """A whole generation, gathered from its deltas."""
+
+    request_id: object
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    logprobs: list[float] | None = None
+    top_logprobs: list[tuple[tuple[int, float], ...]] | None = None
+
+    def add(self, delta: Delta) -> None:
+        self.text += delta.text
+        self.token_ids.extend(delta.token_ids)
+        if delta.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + list(delta.logprobs)
+        if delta.top_logprobs is not None:
+            self.top_logprobs = (self.top_logprobs or []) + list(delta.top_logprobs)
+        self.finish_reason = delta.finish_reason or self.finish_reason
+        self.usage = delta.usage or self.usage
+
+
+class RequestStream:
+    def __init__(self, request_id: object, abort: Callable[[object], None]) -> None:
+        self.request_id = request_id
+        self._abort = abort
+        self._lock = threading.Lock()
+        self._queue: queue.SimpleQueue[Delta] = queue.SimpleQueue()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._async_queue: asyncio.Queue[Delta] | None = None
+
+    def put(self, delta: Delta) -> None:
+        """Called from the engine thread."""
+        with self._lock:
+            if self._loop is None:
+                self._queue.put(delta)
+            else:
+                self._loop.call_soon_threadsafe(self._async_queue.put_nowait, delta)  # type: ignore[union-attr]
+
+    def abort(self) -> None:
+        self._abort(self.request_id)
+
+    def __iter__(self) -> Iterator[Delta]:
+        while True:
+            delta = self._queue.get()
+            yield delta
+            if delta.finish_reason is not None:
+                return
+
+    async def __aiter__(self) -> AsyncIterator[Delta]:
+        with self._lock:  # from now on deltas go to the event loop; move what already arrived
+            self._loop = asyncio.get_running_loop()
+            self._async_queue = asyncio.Queue()
+            while not self._queue.empty():
+                self._async_queue.put_nowait(self._queue.get())
+        while True:
+            delta = await self._async_queue.get()
+            yield delta
+            if delta.finish_reason is not None:
+                return
+
+    def result(self) -> Response:
+        """Block until the request finishes; the whole response."""
+        response = Response(self.request_id)
+        for delta in self:
+            response.add(delta)
+        return response
