@@ -163,3 +163,17 @@ def test_head_observer_per_head_and_dim():
     assert torch.equal(got["absmax"], both.abs().amax(0))
     with pytest.raises(ValueError):
         obs.observe(torch.zeros(1, 6, 3, 4))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_layer_by_layer_matches_cpu_and_keeps_model_on_host(tiny_llama):
+    model = _load(tiny_llama)
+    input_ids = _ids(3, 32, seed=3)
+    cpu = collect_stats(model, input_ids, "cpu", batch_size=2).export()
+    gpu = collect_stats(model, input_ids, "cuda", batch_size=2).export()
+    assert all(p.device.type == "cpu" for p in model.parameters())
+    for stem in cpu:
+        for stat in cpu[stem]:
+            for name, value in cpu[stem][stat].items():
+                assert gpu[stem][stat][name].device.type == "cpu"
+                torch.testing.assert_close(gpu[stem][stat][name], value, rtol=1e-3, atol=1e-3)
