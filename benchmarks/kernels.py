@@ -1,0 +1,151 @@
+"""W4A16 (autotuned Triton) vs fp16 cuBLAS vs tinygemm (torch._weight_int4pack_mm) on Llama-class linear shapes.
+
+    python3 benchmarks/kernels.py [--shapes 4096x4096,11008x4096] [--ms 1,16,64] [--group 128]
+
+Timing: each op runs CALLS times inside one CUDA graph over CALLS different weight copies (so the weights are never
+served from the 60 MB L2); the graph replays REPS times between CUDA events; the median replay over CALLS is the time
+per call. Launch gaps inside a graph are what the engine sees too. Bandwidth counts the bytes one call must move:
+weights (+ scales, zeros), x and y. Writes everything to $OUT/kernels.json (or ./kernels.json), prints a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lmd.turbomind.kernels.w4a16 import TUNE_LOG, plan_for, plan_key, run_plan  # noqa: E402
+from lmd.turbomind.kernels.w4a16_layout import quantize_to_engine  # noqa: E402
+
+SHAPES = "4096x4096,11008x4096,4096x11008,12288x4096,14336x4096,4096x14336"  # N (out) x K (in)
+MS = "1,2,4,8,16,32,64,128,256,1024"
+REPS = 30
+
+
+def copies_for(bytes_one: int) -> int:
+    """Enough weight copies that one graph replay streams well past the L2 (at least 256 MB), at most 64."""
+    return max(4, min(64, -(-256 * 2**20 // bytes_one)))
+
+
+def graph_time_us(fns: list, reps: int = REPS) -> float:
+    """Median per-call time of running every fn in order, captured as one CUDA graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for fn in fns:  # warm-up: compile, tune, allocate outside the capture
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in fns:
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0 / len(fns))
+    return statistics.median(times)
+
+
+def tinygemm_pack(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """RTN int4 of W [N, K] for torch._weight_int4pack_mm: w = (q - 8) * scale + zero, bf16 scale/zero [K/g, N, 2]."""
+    n, k = w.shape
+    wg = w.float().reshape(n, k // group, group)
+    wmax, wmin = wg.amax(-1), wg.amin(-1)
+    scale = (wmax - wmin).clamp(min=1e-5) / 15
+    q = torch.clamp(torch.round((wg - wmin[..., None]) / scale[..., None]), 0, 15).to(torch.int32).reshape(n, k)
+    zero = wmin + 8 * scale
+    packed_u8 = ((q[:, ::2] << 4) | q[:, 1::2]).to(torch.uint8)
+    packed = torch._convert_weight_to_int4pack(packed_u8, 8)
+    sz = torch.stack([scale.t(), zero.t()], dim=-1).to(torch.bfloat16).contiguous()
+    return packed, sz
+
+
+def copy_bandwidth() -> float:
+    a = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    t = graph_time_us([lambda: b.copy_(a)], reps=10)
+    return 2 * a.numel() / (t * 1e-6) / 1e12
+
+
+def bench_shape(n: int, k: int, ms: list[int], group: int, log: list) -> list[dict]:
+    dev = torch.device("cuda")
+    w = torch.randn(n, k, device=dev, dtype=torch.float16) * 0.02
+    qw, s, z = quantize_to_engine(w, group, torch.float16)
+    q_bytes = qw.numel() * 4 + 2 * s.numel() * 2
+    copies = copies_for(q_bytes)
+    fp16_w = [w.clone() for _ in range(max(4, min(copies, -(-256 * 2**20 // (n * k * 2)))))]
+    quant = [(qw.clone(), s.clone(), z.clone()) for _ in range(copies)]
+    tg = tinygemm_pack(w, group)
+    tiny = [(tg[0].clone(), tg[1].clone()) for _ in range(copies)]
+    rows = []
+    for m in ms:
+        x = torch.randn(m, k, device=dev, dtype=torch.float16)
+        xb = x.to(torch.bfloat16)
+        chosen = plan_for(m, qw, s, z, torch.float16)  # tunes this (bucket, N, K, group) once, then cached
+        timings = TUNE_LOG.get(plan_key(m, qw, s, torch.float16), [])
+        t_fp16 = graph_time_us([lambda wi=wi, x=x: F.linear(x, wi) for wi in fp16_w])
+        t_w4 = graph_time_us([lambda p=p, x=x, c=chosen: run_plan(c, x, *p) for p in quant])
+        try:
+            t_tiny = graph_time_us([lambda p=p, xb=xb: torch._weight_int4pack_mm(xb, p[0], group, p[1])
+                                    for p in tiny])
+        except RuntimeError as e:
+            t_tiny = float("nan")
+            log.append(f"tinygemm failed n={n} k={k} m={m}: {e}")
+        moved = q_bytes + 2 * m * (k + n)
+        row = dict(n=n, k=k, m=m, group=group, plan=chosen.name(), fp16_us=t_fp16, tinygemm_us=t_tiny, w4a16_us=t_w4,
+                   vs_fp16=t_fp16 / t_w4, vs_tinygemm=t_tiny / t_w4, w4a16_tb_s=moved / (t_w4 * 1e-6) / 1e12,
+                   fp16_tb_s=(n * k * 2 + 2 * m * (k + n)) / (t_fp16 * 1e-6) / 1e12,
+                   w4a16_tflops=2 * m * n * k / (t_w4 * 1e-6) / 1e12, tune=timings)
+        rows.append(row)
+        print(f"{n}x{k} m={m:5d} fp16 {t_fp16:8.1f}us tiny {t_tiny:8.1f}us w4a16 {t_w4:8.1f}us "
+              f"x{row['vs_fp16']:.2f} vs fp16, x{row['vs_tinygemm']:.2f} vs tiny, {row['w4a16_tb_s']:.2f} TB/s "
+              f"[{chosen.name()}]", flush=True)
+        top = sorted(timings, key=lambda t: t[1])[:3]
+        print("    tuned: " + ", ".join(f"{name} {t * 1000:.1f}us" for name, t in top), flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--shapes", default=SHAPES, help="comma list of NxK (N out, K in)")
+    parser.add_argument("--ms", default=MS, help="comma list of token counts M")
+    parser.add_argument("--group", type=int, default=128)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    props = torch.cuda.get_device_properties(0)
+    bw = copy_bandwidth()
+    print(f"{props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, copy {bw:.2f} TB/s", flush=True)
+    log: list[str] = []
+    rows = []
+    for shape in args.shapes.split(","):
+        n, k = (int(v) for v in shape.split("x"))
+        rows += bench_shape(n, k, [int(v) for v in args.ms.split(",")], args.group, log)
+    out = Path(os.environ.get("OUT", "."), "kernels.json")
+    out.write_text(json.dumps(dict(gpu=props.name, copy_tb_s=bw, torch=torch.__version__, rows=rows, log=log), indent=1))
+    print("\n".join(log))
+    print(f"\nW4A16 g{args.group} speed-up over fp16 cuBLAS (and over tinygemm), {props.name}, copy {bw:.2f} TB/s")
+    ms = sorted({r["m"] for r in rows})
+    print("N x K".ljust(12) + "".join(f"{'M=' + str(m):>13s}" for m in ms))
+    for shape in dict.fromkeys((r["n"], r["k"]) for r in rows):
+        cells = {r["m"]: r for r in rows if (r["n"], r["k"]) == shape}
+        print(f"{shape[0]}x{shape[1]}".ljust(12)
+              + "".join(f"{cells[m]['vs_fp16']:6.2f}({cells[m]['vs_tinygemm']:4.1f})" for m in ms))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,224 @@
+"""W4A16 linear: the one dispatch point the engine calls, y = x @ dequant(W).T (+ bias).
+
+On CUDA tensors with Triton present (or under TRITON_INTERPRET=1) the token count M picks a plan per bucket
+(M rounded up to a power of two):
+    one token   -> split-K GEMV on CUDA cores          (w4a16_gemv)
+    small M     -> split-K tensor-core GEMM            (w4a16_gemm, SPLIT_K > 1)
+    medium M    -> tiled tensor-core GEMM              (w4a16_gemm, SPLIT_K = 1)
+    large M     -> Triton dequant, then cuBLAS         (w4a16_dequant)
+On a GPU the plan of each (bucket, N, K, group, dtype) is autotuned once by timing the candidates and cached;
+`prewarm` does this for every bucket up to max_m, compiles the kernels and grows the split-K workspace, so that a
+CUDA graph capture afterwards never tunes, compiles or allocates. Elsewhere the PyTorch reference runs.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Union
+
+import torch
+
+from lmd.turbomind.kernels.w4a16_layout import w4a16_matmul_reference
+
+try:
+    from lmd.turbomind.kernels.w4a16_dequant import DequantConfig, dequant_matmul
+    from lmd.turbomind.kernels.w4a16_gemm import GemmConfig, gemm
+    from lmd.turbomind.kernels.w4a16_gemv import GemvConfig, gemv
+    HAS_TRITON = True
+except ImportError:  # the engine still runs, on the reference path
+    HAS_TRITON = False
+
+Plan = Union["GemvConfig", "GemmConfig", "DequantConfig"]
+MAX_BUCKET = 4096
+
+
+@dataclass(frozen=True)
+class PlanKey:
+    bucket: int
+    n: int
+    k: int
+    group: int
+    dtype: torch.dtype
+    device: str
+
+
+_PLANS: dict[PlanKey, Plan] = {}
+
+
+def m_bucket(m: int) -> int:
+    return min(1 << max(m - 1, 0).bit_length(), MAX_BUCKET)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def triton_usable(x: torch.Tensor) -> bool:
+    return HAS_TRITON and (x.is_cuda or _interpreting())
+
+
+def run_plan(plan: Plan, x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+             bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Run one kernel path with a fixed config (the tests call this directly for every path)."""
+    if isinstance(plan, GemvConfig):
+        return gemv(x2d, qweight, scales, zeros, bias, plan)
+    if isinstance(plan, GemmConfig):
+        return gemm(x2d, qweight, scales, zeros, bias, plan)
+    return dequant_matmul(x2d, qweight, scales, zeros, bias, plan)
+
+
+def _sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+
+
+def _split_for(tiles: int, k_steps: int, sms: int, per_sm: int = 2, min_steps: int = 2, cap: int = 32) -> int:
+    """Smallest power-of-two split that puts about `per_sm` programs on every SM, keeping >= min_steps K steps each."""
+    split = 1
+    while tiles * split < per_sm * sms and k_steps // (split * 2) >= min_steps and split < cap:
+        split *= 2
+    return split
+
+
+def _gemv(n: int, k: int, sms: int, bn: int, bk8: int, warps: int, steps: int) -> GemvConfig:
+    """A GEMV config whose programs each take about `steps` K steps (many short programs hide memory latency)."""
+    return GemvConfig(bn, bk8, max(1, (k // (8 * bk8)) // steps), warps)
+
+
+def _splitk(bucket: int, n: int, k: int, sms: int, bn: int, bk: int, warps: int = 4, per_sm: int = 4) -> GemmConfig:
+    bm = max(16, min(bucket, 64))
+    tiles = -(-bucket // bm) * -(-n // bn)
+    return GemmConfig(bm, bn, bk, _split_for(tiles, k // bk, sms, per_sm, 2, 16), 8, warps, 1)
+
+
+def default_plan(bucket: int, n: int, k: int, group: int, device: torch.device) -> Plan:
+    """The untuned choice (interpreter, tuning off, or a CUDA graph capture that meets an unseen shape)."""
+    sms = _sms(device)
+    if bucket == 1:
+        return _gemv(n, k, sms, 128, 2, 1, 2) if device.type == "cuda" else GemvConfig(128, 8, 2, 4)
+    if bucket <= 64:
+        return _splitk(bucket, n, k, sms, 64, 64)
+    if bucket <= 256 or device.type != "cuda":
+        return GemmConfig(64, 64, 64, 1, 8, 4, 1)
+    return DequantConfig()
+
+
+def candidates(bucket: int, n: int, k: int, group: int, device: torch.device) -> list[Plan]:
+    """Configs timed by the autotuner for one bucket; every one is valid for any N, K, group."""
+    sms = _sms(device)
+    out: list[Plan] = [default_plan(bucket, n, k, group, device)]
+    if bucket == 1:
+        for bn, bk8, warps in ((128, 1, 1), (128, 2, 1), (256, 1, 2), (256, 2, 2), (512, 1, 4), (512, 2, 4),
+                               (256, 4, 2), (128, 4, 1)):
+            for steps in (1, 2, 4):
+                out.append(_gemv(n, k, sms, bn, bk8, warps, steps))
+    if bucket <= 128:
+        for bn, bk, warps in ((64, 64, 4), (32, 64, 4), (64, 128, 4), (128, 64, 4), (256, 64, 4), (128, 128, 8)):
+            for per_sm in (2, 4, 8):
+                out.append(_splitk(bucket, n, k, sms, bn, bk, warps, per_sm))
+    if bucket >= 32:
+        for bm, bn, bk, warps in ((64, 32, 128, 4), (64, 64, 64, 4), (64, 64, 128, 8), (128, 64, 64, 4),
+                                  (128, 64, 128, 8), (128, 128, 32, 8), (256, 64, 64, 4), (128, 32, 128, 4)):
+            if bm <= max(bucket, 64):
+                out.append(GemmConfig(bm, bn, bk, 1, 8, warps, 1))
+    if bucket >= 256:
+        out.append(DequantConfig())
+        out.append(DequantConfig(block_k8=8, block_n=256, num_warps=8))
+    return list(dict.fromkeys(out))
+
+
+def _time_ms(fn, flush: torch.Tensor, reps: int = 15) -> float:
+    """Median of single calls, each after overwriting a buffer larger than L2 (cold weights, as in a forward pass)."""
+    fn()
+    times = []
+    for _ in range(reps):
+        flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        times.append((start, end))
+    torch.cuda.synchronize()
+    return sorted(s.elapsed_time(e) for s, e in times)[reps // 2]
+
+
+def tune(bucket: int, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+         dtype: torch.dtype) -> tuple[Plan, list[tuple[str, float]]]:
+    """Time every candidate at M = bucket on random activations; returns the fastest and all timings (ms)."""
+    k = qweight.shape[0] * 8
+    n = qweight.shape[1]
+    x = torch.randn(bucket, k, dtype=dtype, device=qweight.device)
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device=qweight.device)
+    timings: list[tuple[Plan, float]] = []
+    for plan in candidates(bucket, n, k, k // scales.shape[0], qweight.device):
+        try:
+            timings.append((plan, _time_ms(lambda p=plan: run_plan(p, x, qweight, scales, zeros), flush)))
+        except Exception:  # a config the compiler rejects (shared memory, registers) is simply not a candidate
+            continue
+    best = min(timings, key=lambda t: t[1])[0]
+    return best, [(p.name(), t) for p, t in timings]
+
+
+TUNE_LOG: dict[PlanKey, list[tuple[str, float]]] = {}
+
+
+def plan_key(m: int, qweight: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> PlanKey:
+    k = qweight.shape[0] * 8
+    return PlanKey(m_bucket(m), qweight.shape[1], k, k // scales.shape[0], dtype, str(qweight.device))
+
+
+def plan_for(m: int, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, dtype: torch.dtype) -> Plan:
+    key = plan_key(m, qweight, scales, dtype)
+    n, k = key.n, key.k
+    plan = _PLANS.get(key)
+    if plan is None:
+        device = qweight.device
+        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        if device.type == "cuda" and not capturing and os.environ.get("LMD_W4A16_AUTOTUNE", "1") != "0":
+            plan, TUNE_LOG[key] = tune(key.bucket, qweight, scales, zeros, dtype)
+        else:
+            plan = default_plan(key.bucket, n, k, key.group, device)
+        _PLANS[key] = plan
+    return plan
+
+
+def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                 bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] -> [..., N] in x's dtype, W given in the engine layout (see w4a16_layout)."""
+    k = x.shape[-1]
+    if qweight.shape[0] * 8 != k:
+        raise ValueError(f"x has K={k} but qweight {tuple(qweight.shape)} packs K={qweight.shape[0] * 8}")
+    lead = x.shape[:-1]
+    x2d = x.reshape(-1, k)
+    if x2d.shape[0] == 0 or not triton_usable(x):
+        y = w4a16_matmul_reference(x2d, qweight, scales, zeros)
+        if bias is not None:
+            y = (y.to(torch.float32) + bias.to(torch.float32)).to(x.dtype)
+        return y.reshape(*lead, -1)
+    x2d = x2d.contiguous()
+    plan = plan_for(x2d.shape[0], qweight, scales, zeros, x.dtype)
+    return run_plan(plan, x2d, qweight, scales, zeros, bias).reshape(*lead, -1)
+
+
+def prewarm(n: int, k: int, group_size: int, dtype: torch.dtype, device: torch.device | str,
+            max_m: int) -> dict[int, str]:
+    """Tune, compile and size the workspace for every M bucket up to max_m; returns bucket -> chosen plan name."""
+    device = torch.device(device)
+    codes = torch.randint(0, 16, (k // 8, n), dtype=torch.int32, device=device)
+    qweight = codes | (codes << 4) | (codes << 12)
+    scales = torch.rand(k // group_size, n, dtype=dtype, device=device) * 0.01 + 0.001
+    zeros = -8 * scales
+    chosen: dict[int, str] = {}
+    bucket = 1
+    while True:
+        x = torch.randn(bucket, k, dtype=dtype, device=device)
+        if triton_usable(x):
+            plan = plan_for(bucket, qweight, scales, zeros, dtype)
+            run_plan(plan, x, qweight, scales, zeros)
+            chosen[bucket] = plan.name()
+        if bucket >= m_bucket(max_m):
+            break
+        bucket *= 2
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return chosen

@@ -1,0 +1,70 @@
+"""Shared tail of the W4A16 kernels: bias, cast and the single-launch split-K reduction.
+
+Split-K without a second launch or a memset: every program of a split-K tile adds its fp32 partial into a workspace
+with atomics, then bumps the tile's counter. The program that sees the counter reach SPLIT_K - 1 is the last one: it
+reads the sum, stores the workspace back to zero, resets the counter and writes the output. So the workspace and
+the counters are all-zero between launches, which is what lets a CUDA graph replay the kernel with no set-up nodes.
+
+Invariants: the workspace holds at least M * N fp32 and the counters at least one int32 per output tile for every
+split-K launch (`SplitKWorkspace.get` grows them; grow them before a CUDA graph is captured, see `w4a16.prewarm`).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_TILES = 1 << 16  # counters per device; one per (M tile, N tile) of a split-K launch
+
+
+@triton.jit
+def cast_bias_store(acc, offs_m, offs_n, M, N, out_ptr, bias_ptr, HAS_BIAS: tl.constexpr):
+    """acc fp32 [BM, BN] (+ bias[n]) -> out[m, n] in out's dtype."""
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
+        acc = acc + bias[None, :]
+    tl.store(out_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def store_tile(acc, offs_m, offs_n, M, N, out_ptr, bias_ptr, ws_ptr, cnt_ptr, tile_id,
+               HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr):
+    """Write one output tile; with SPLIT_K > 1 reduce the partials through the self-cleaning workspace."""
+    if SPLIT_K == 1:
+        cast_bias_store(acc, offs_m, offs_n, M, N, out_ptr, bias_ptr, HAS_BIAS)
+    else:
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        ws = ws_ptr + offs_m[:, None] * N + offs_n[None, :]
+        tl.atomic_add(ws, acc, mask=mask, sem="release")
+        tl.debug_barrier()  # every thread's partial is issued before the counter says so
+        seen = tl.atomic_add(cnt_ptr + tile_id, 1, sem="acq_rel")
+        if seen == SPLIT_K - 1:
+            total = tl.atomic_add(ws, tl.zeros_like(acc), mask=mask, sem="acquire")  # an L2-coherent read
+            tl.store(ws, tl.zeros_like(acc), mask=mask)
+            tl.atomic_xchg(cnt_ptr + tile_id, 0)
+            cast_bias_store(total, offs_m, offs_n, M, N, out_ptr, bias_ptr, HAS_BIAS)
+
+
+class SplitKWorkspace:
+    """Per-device zeroed fp32 workspace and tile counters for the split-K kernels (grown, never shrunk)."""
+
+    _buffers: dict[tuple[str, int | None], tuple[torch.Tensor, torch.Tensor]] = {}
+    _retired: list[torch.Tensor] = []  # outgrown buffers stay alive: a captured CUDA graph may still point at them
+
+    @classmethod
+    def get(cls, device: torch.device, numel: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if tiles > MAX_TILES:
+            raise ValueError(f"split-K launch with {tiles} tiles exceeds the {MAX_TILES} counters")
+        key = (device.type, device.index)
+        ws, cnt = cls._buffers.get(key, (None, None))
+        if ws is None or ws.numel() < numel:
+            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("W4A16 split-K workspace must be grown before CUDA graph capture: call prewarm()")
+            if ws is not None:
+                cls._retired.append(ws)
+            ws = torch.zeros(max(numel, 1 << 20), dtype=torch.float32, device=device)
+            cnt = torch.zeros(MAX_TILES, dtype=torch.int32, device=device) if cnt is None else cnt
+            cls._buffers[key] = (ws, cnt)
+        return ws, cnt
