@@ -88,12 +88,13 @@ def _render_llama3(messages: list[Message], add_generation_prompt: bool) -> str:
 
 
 def _render_vicuna(messages: list[Message], add_generation_prompt: bool) -> str:
+    """FastChat's vicuna_v1.1: turns separated by a space after the user, by </s> after the assistant."""
     system, turns = _split_system(messages, VICUNA_SYSTEM)
-    parts = [system]
+    parts = [f"{system} "]
     for m in turns:
-        parts.append(f" USER: {m['content']}" if m["role"] == "user" else f" ASSISTANT: {m['content']}</s>")
+        parts.append(f"USER: {m['content']} " if m["role"] == "user" else f"ASSISTANT: {m['content']}</s>")
     if add_generation_prompt:
-        parts.append(" ASSISTANT:")
+        parts.append("ASSISTANT:")
     return "".join(parts)
 
 
