@@ -1,0 +1,87 @@
+"""The engine's model over the paged cache vs transformers: chunked prefill and decodes of two sequences mixed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lmd.turbomind.forward_batch import ForwardBatch
+from lmd.turbomind.kv_cache import KVCache
+from lmd.turbomind.model_runner import ModelRunner
+from lmd.turbomind.workspace import open_workspace
+from tests.turbomind.conftest import deploy_tiny
+
+BLOCK = 4
+
+
+def _hf_logits(src, ids: list[int]) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float()
+
+
+def _engine_logits(ws, a: list[int], b: list[int], split: int, **overrides) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run a (prefill in two chunks, then one decode) and b (one prefill, then one decode) interleaved."""
+    runner = ModelRunner(open_workspace(ws, cache_block_seq_len=BLOCK, cache_max_entry_count=32, **overrides))
+    model, cache = runner.model, runner.cache
+    ta, tb = list(range(0, 16)), list(range(16, 32))
+    dev = runner.device
+    step1 = ForwardBatch.build([(a[:split], 0, ta), (b[:-1], 0, tb)], BLOCK, list(range(split + len(b) - 1)), dev)
+    out1 = model.forward(step1, cache)
+    n = len(a) - 1 - split
+    step2 = ForwardBatch.build([(b[-1:], len(b) - 1, tb), (a[split:-1], split, ta)], BLOCK, list(range(1 + n)), dev)
+    out2 = model.forward(step2, cache)
+    step3 = ForwardBatch.build([(a[-1:], len(a) - 1, ta)], BLOCK, [0], dev)
+    out3 = model.forward(step3, cache)
+    la = torch.cat([out1[:split], out2[1:], out3])
+    lb = torch.cat([out1[split:], out2[:1]])
+    return la, lb
+
+
+def _ids(n: int, seed: int) -> list[int]:
+    return torch.randint(0, 49152, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+@pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2"])
+def test_forward_matches_transformers(tmp_path, model_type):
+    src, ws = deploy_tiny(tmp_path, model_type, randomize_bias=model_type == "qwen2")
+    a, b = _ids(23, 0), _ids(10, 1)
+    la, lb = _engine_logits(ws, a, b, split=9)
+    assert (la - _hf_logits(src, a)).abs().max() < 1e-4
+    assert (lb - _hf_logits(src, b)).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("rope", [
+    {"rope_type": "linear", "factor": 2.0},
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 64},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128},
+])
+def test_rope_scaling_matches_transformers(tmp_path, rope):
+    src, ws = deploy_tiny(tmp_path, "llama", rope_scaling=rope)
+    a, b = _ids(30, 2), _ids(7, 3)
+    la, lb = _engine_logits(ws, a, b, split=13)
+    assert (la - _hf_logits(src, a)).abs().max() < 1e-4
+    assert (lb - _hf_logits(src, b)).abs().max() < 1e-4
+
+
+def test_dynamic_ntk_matches_transformers_for_a_whole_prompt(tmp_path):
+    # HF rescales dynamic NTK from the current length; a prompt longer than max_position_embeddings in one forward
+    src, ws = deploy_tiny(tmp_path, "llama", max_position_embeddings=16, rope_scaling={"rope_type": "dynamic",
+                                                                                       "factor": 2.0})
+    a = _ids(29, 4)
+    runner = ModelRunner(open_workspace(ws, cache_block_seq_len=BLOCK, cache_max_entry_count=16))
+    batch = ForwardBatch.build([(a, 0, list(range(8)))], BLOCK, list(range(len(a))), runner.device)
+    assert (runner.model.forward(batch, runner.cache) - _hf_logits(src, a)).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_kv_cache_reads_a_sequence_back_through_its_block_table(dtype):
+    cache = KVCache(num_layers=1, num_blocks=4, block_size=2, kv_heads=2, head_dim=8, dtype=dtype,
+                    device=torch.device("cpu"))
+    k, v = torch.randn(3, 2, 8), torch.randn(3, 2, 8)
+    cache.write(0, k, v, torch.tensor([4, 5, 0]))  # block table [2, 0]: tokens 0, 1 in block 2, token 2 in block 0
+    rk, rv = cache.read(0, torch.tensor([2, 0]), 3)
+    assert torch.equal(rk, k.to(dtype)) and torch.equal(rv, v.to(dtype))
