@@ -277,3 +277,8 @@ def test_cuda_logits_give_the_cpu_tokens_with_cpu_generators_and_accept_cuda_gen
     assert cuda.logprobs == pytest.approx(cpu.logprobs, abs=1e-4)
     first = Sampler(seed=0).sample(logits.cuda(), rows("cuda")).token_ids
     assert Sampler(seed=1).sample(logits.cuda(), rows("cuda")).token_ids == first
+
+
+def test_a_step_with_no_rows_to_sample_returns_empty_lists():
+    out = Sampler().sample(torch.zeros(0, VOCAB), [])
+    assert (out.token_ids, out.logprobs, out.top_logprobs) == ([], [], [])
