@@ -169,10 +169,12 @@ def _swap_into_place(tmp: Path, dst: Path) -> None:
 
 
 def _cast(tensor: torch.Tensor, dtype: torch.dtype, name: str, where: str) -> torch.Tensor:
-    out = tensor.to(dtype)
-    if out.is_floating_point() and not bool(torch.isfinite(out).all()) and bool(torch.isfinite(tensor).all()):
-        raise LmdError(f"{where}: tensor {name} overflows {_dtype_name(dtype)}; deploy with --dtype bfloat16")
-    return out
+    """Cast, refusing values that fp16 cannot hold (bf16 / fp32 sources); one min/max pass, no temporaries."""
+    if dtype == torch.float16 and tensor.dtype in (torch.float32, torch.bfloat16) and tensor.numel():
+        low, high = torch.aminmax(tensor)
+        if max(-float(low), float(high)) > torch.finfo(torch.float16).max:
+            raise LmdError(f"{where}: tensor {name} has values beyond float16's range; deploy with --dtype bfloat16")
+    return tensor.to(dtype)
 
 
 class _Converter:

@@ -173,3 +173,15 @@ def test_cli_prints_one_line_error_and_json(tiny_models, tmp_path):
     result = json.loads(good.stdout)
     assert (result["weight_type"], result["tp"], result["model_format"]) == ("fp16", 2, "hf")
     assert result["size_bytes"] > 0
+
+
+def test_fp16_overflow_suggests_bf16(tiny_models, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    src = _copy(tiny_models(), tmp_path)
+    state = load_file(str(src / "model.safetensors"))
+    state["model.layers.0.mlp.down_proj.weight"][0, 0] = 1e6
+    save_file(state, str(src / "model.safetensors"))
+    with pytest.raises(LmdError, match="down_proj.weight has values beyond float16.s range; .*--dtype bfloat16"):
+        deploy("base", str(src), str(tmp_path / "ws"), progress=False)
+    deploy("base", str(src), str(tmp_path / "ws"), dtype="bfloat16", progress=False)

@@ -126,3 +126,15 @@ def test_awq_bf16_compute_dtype(tiny_awq, tmp_path):
                 progress=False)
     assert read_workspace_config(ws).compute_dtype == "bf16"
     assert load_rank_tensors(ws, 0)["layers.1.attention.wo.scales"].dtype == torch.bfloat16
+
+
+def test_pytorch_bin_checkpoint(tiny_models, tmp_path):
+    import shutil
+
+    src = shutil.copytree(tiny_models("llama"), tmp_path / "bin-model")
+    state = load_file(str(src / "model.safetensors"))
+    (src / "model.safetensors").unlink()
+    torch.save(state, src / "pytorch_model.bin")
+    rebuilt = reconstruct_hf_state_dict(deploy("base", str(src), str(tmp_path / "ws"), progress=False))
+    for name, tensor in state.items():
+        assert torch.equal(rebuilt[name], tensor.half()), name
