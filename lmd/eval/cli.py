@@ -70,9 +70,9 @@ def ppl_command(
         raise LmdError(f"--max-windows must be at least 1 (got {max_windows})")
     if dtype not in DTYPES:
         raise LmdError(f"--dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
-    check_device(device)
     if not Path(model).expanduser().exists():
         raise LmdError(f"model path {model} does not exist; give an HF model directory or a .gguf file")
+    check_device(device)
     text = load_eval_text(dataset, split, data_dir)
     scorer = load_scoring_model(model, device, dtype)
     if scorer.max_positions is not None and seqlen > scorer.max_positions:
