@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from lmd.turbomind.detokenizer import IncrementalDetokenizer
@@ -61,3 +63,15 @@ def test_invalid_bytes_are_held_until_flush(tokenizer):
     detok = IncrementalDetokenizer(tokenizer, [])
     assert detok.push(lone[0]) == ""
     assert detok.flush() == tokenizer.decode(lone)
+
+
+def test_random_texts_and_random_ids_stream_to_the_full_decode(tokenizer):
+    rng = random.Random(0)
+    pool = [*"abc xyz,.!?\n\t", *"éüßñçø", *"中文日本語한국어", "🎉", "👩‍💻", "🇫🇷", "\u0301", "𝔘"]
+    for _ in range(60):
+        text = "".join(rng.choice(pool) for _ in range(rng.randint(1, 30)))
+        deltas = stream(tokenizer, [], tokenizer.encode(text, add_special_tokens=False))
+        assert "".join(deltas) == text and not any("\ufffd" in d for d in deltas)
+    for _ in range(60):  # arbitrary ids may be invalid UTF-8: the stream still equals one decode of them all
+        ids = [rng.randrange(len(tokenizer)) for _ in range(rng.randint(1, 12))]
+        assert "".join(stream(tokenizer, [], ids)) == tokenizer.decode(ids, skip_special_tokens=True)
