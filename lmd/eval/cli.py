@@ -33,8 +33,6 @@ def load_scoring_model(model: str, device: str = "cpu", dtype: str = "float32") 
     from lmd.eval.ppl import hf_window_scorer
     from lmd.model_source import load_causal_lm, load_config, load_tokenizer, resolve_model
 
-    if not Path(model).expanduser().exists():
-        raise LmdError(f"model path {model} does not exist; give an HF model directory or a .gguf file")
     source = resolve_model(model)
     config = load_config(source)  # an unreadable config fails here, before the slow weight load
     tokenizer = load_tokenizer(source)
