@@ -34,11 +34,13 @@ TOL = {torch.float16: 3e-3, torch.bfloat16: 1.5e-2}
 def paths_for(m: int) -> list:
     bucket = m_bucket(m)
     plans: list = []
-    if m == 1:
-        plans.append(GemvConfig(block_n=128, block_k8=2, split_k=128, num_warps=1))
-        plans.append(GemvConfig(block_n=256, block_k8=4, split_k=7, num_warps=2))  # uneven split, group gather
+    if bucket <= 4:
+        plans.append(GemvConfig(block_n=128, block_k8=2, split_k=128, num_warps=1, block_m=bucket))
+        plans.append(GemvConfig(block_n=256, block_k8=4, split_k=7, num_warps=2, block_m=4))  # uneven split
     if m <= 64:
         plans.append(GemmConfig(block_m=max(16, min(bucket, 64)), block_n=64, block_k=64, split_k=16))
+        plans.append(GemmConfig(block_m=max(16, min(bucket, 64)), block_n=128, block_k=128, split_k=8,
+                                nibble_dots=True))
     plans.append(GemmConfig(block_m=64, block_n=64, block_k=128, split_k=1, num_warps=4))
     if m >= 16:
         plans.append(DequantConfig())

@@ -80,22 +80,23 @@ def _split_for(tiles: int, k_steps: int, sms: int, per_sm: int = 2, min_steps: i
     return split
 
 
-def _gemv(n: int, k: int, sms: int, bn: int, bk8: int, warps: int, steps: int) -> GemvConfig:
+def _gemv(bucket: int, k: int, bn: int, bk8: int, warps: int, steps: int, stages: int = 1) -> GemvConfig:
     """A GEMV config whose programs each take about `steps` K steps (many short programs hide memory latency)."""
-    return GemvConfig(bn, bk8, max(1, (k // (8 * bk8)) // steps), warps)
+    return GemvConfig(bn, bk8, max(1, (k // (8 * bk8)) // steps), warps, stages, bucket)
 
 
-def _splitk(bucket: int, n: int, k: int, sms: int, bn: int, bk: int, warps: int = 4, per_sm: int = 4) -> GemmConfig:
+def _splitk(bucket: int, n: int, k: int, sms: int, bn: int, bk: int, warps: int = 4, per_sm: int = 4,
+            nibble_dots: bool = False) -> GemmConfig:
     bm = max(16, min(bucket, 64))
     tiles = -(-bucket // bm) * -(-n // bn)
-    return GemmConfig(bm, bn, bk, _split_for(tiles, k // bk, sms, per_sm, 2, 16), 8, warps, 1)
+    return GemmConfig(bm, bn, bk, _split_for(tiles, k // bk, sms, per_sm, 2, 16), 8, warps, 1, nibble_dots)
 
 
 def default_plan(bucket: int, n: int, k: int, group: int, device: torch.device) -> Plan:
     """The untuned choice (interpreter, tuning off, or a CUDA graph capture that meets an unseen shape)."""
     sms = _sms(device)
-    if bucket == 1:
-        return _gemv(n, k, sms, 128, 2, 1, 2) if device.type == "cuda" else GemvConfig(128, 8, 2, 4)
+    if bucket <= 4:
+        return _gemv(bucket, k, 256, 2, 2, 2) if device.type == "cuda" else GemvConfig(128, 8, 2, 4, 1, bucket)
     if bucket <= 64:
         return _splitk(bucket, n, k, sms, 64, 64)
     if bucket <= 256 or device.type != "cuda":
@@ -109,13 +110,23 @@ def candidates(bucket: int, n: int, k: int, group: int, device: torch.device) ->
     out: list[Plan] = [default_plan(bucket, n, k, group, device)]
     if bucket == 1:
         for bn, bk8, warps in ((128, 1, 1), (128, 2, 1), (256, 1, 2), (256, 2, 2), (512, 1, 4), (512, 2, 4),
-                               (256, 4, 2), (128, 4, 1)):
+                               (256, 1, 1), (512, 1, 2), (512, 2, 2), (1024, 1, 4), (256, 4, 2)):
             for steps in (1, 2, 4):
-                out.append(_gemv(n, k, sms, bn, bk8, warps, steps))
+                out.append(_gemv(bucket, k, bn, bk8, warps, steps))
+        for bn, bk8, warps in ((256, 2, 2), (512, 2, 4), (512, 1, 2)):
+            for steps, stages in ((8, 2), (16, 3)):
+                out.append(_gemv(bucket, k, bn, bk8, warps, steps, stages))
+    elif bucket <= 4:
+        for bn, bk8, warps in ((128, 1, 1), (256, 1, 2), (512, 1, 2), (256, 2, 2), (512, 2, 4)):
+            for steps in (2, 4):
+                out.append(_gemv(bucket, k, bn, bk8, warps, steps))
     if bucket <= 128:
         for bn, bk, warps in ((64, 64, 4), (32, 64, 4), (64, 128, 4), (128, 64, 4), (256, 64, 4), (128, 128, 8)):
             for per_sm in (2, 4, 8):
                 out.append(_splitk(bucket, n, k, sms, bn, bk, warps, per_sm))
+        for bn, bk, warps in ((64, 128, 4), (128, 128, 4), (64, 256, 4), (256, 128, 8), (32, 128, 4)):
+            for per_sm in (2, 4, 8):
+                out.append(_splitk(bucket, n, k, sms, bn, bk, warps, per_sm, nibble_dots=True))
     if bucket >= 32:
         for bm, bn, bk, warps in ((64, 32, 128, 4), (64, 64, 64, 4), (64, 64, 128, 8), (128, 64, 64, 4),
                                   (128, 64, 128, 8), (128, 128, 32, 8), (256, 64, 64, 4), (128, 32, 128, 4)):
@@ -128,11 +139,14 @@ def candidates(bucket: int, n: int, k: int, group: int, device: torch.device) ->
 
 
 def _time_ms(fn, flush: torch.Tensor, reps: int = 15) -> float:
-    """Median of single calls, each after overwriting a buffer larger than L2 (cold weights, as in a forward pass)."""
+    """Median GPU time of single calls, each after overwriting a buffer larger than L2 (cold weights, as in a
+    forward pass). A spin kernel keeps the GPU busy while the host launches, so launch overhead stays out, as it
+    does in CUDA-graph replays."""
     fn()
     times = []
     for _ in range(reps):
         flush.zero_()
+        torch.cuda._sleep(200_000)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
@@ -142,6 +156,21 @@ def _time_ms(fn, flush: torch.Tensor, reps: int = 15) -> float:
     return sorted(s.elapsed_time(e) for s, e in times)[reps // 2]
 
 
+def _compile_all(plans: list[Plan], x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                 zeros: torch.Tensor) -> None:
+    """First launches on a thread pool: Triton's compiler (ptxas runs as a subprocess) then works in parallel."""
+    import contextlib
+    from concurrent.futures import ThreadPoolExecutor
+
+    def first_run(plan: Plan) -> None:
+        with contextlib.suppress(Exception):  # a failing config is judged again, serially, by the timing loop
+            run_plan(plan, x, qweight, scales, zeros)
+
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        list(pool.map(first_run, plans))
+    torch.cuda.synchronize(qweight.device)
+
+
 def tune(bucket: int, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
          dtype: torch.dtype) -> tuple[Plan, list[tuple[str, float]]]:
     """Time every candidate at M = bucket on random activations; returns the fastest and all timings (ms)."""
@@ -149,8 +178,10 @@ def tune(bucket: int, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.
     n = qweight.shape[1]
     x = torch.randn(bucket, k, dtype=dtype, device=qweight.device)
     flush = torch.empty(256 << 20, dtype=torch.uint8, device=qweight.device)
+    plans = candidates(bucket, n, k, k // scales.shape[0], qweight.device)
+    _compile_all(plans, x, qweight, scales, zeros)
     timings: list[tuple[Plan, float]] = []
-    for plan in candidates(bucket, n, k, k // scales.shape[0], qweight.device):
+    for plan in plans:
         try:
             timings.append((plan, _time_ms(lambda p=plan: run_plan(p, x, qweight, scales, zeros), flush)))
         except Exception:  # a config the compiler rejects (shared memory, registers) is simply not a candidate

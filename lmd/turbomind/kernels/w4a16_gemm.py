@@ -29,10 +29,11 @@ class GemmConfig:
     group_m: int = 8  # M tiles walked together so that their weight tiles are shared through L2
     num_warps: int = 4
     num_stages: int = 1
+    nibble_dots: bool = False  # 8 dots per step over packed rows (BLOCK_K >= 128) instead of one over unpacked rows
 
     def name(self) -> str:
-        return (f"gemm m{self.block_m} n{self.block_n} k{self.block_k} s{self.split_k} "
-                f"w{self.num_warps} st{self.num_stages}")
+        return (f"gemm{'-nd' if self.nibble_dots else ''} m{self.block_m} n{self.block_n} k{self.block_k} "
+                f"s{self.split_k} w{self.num_warps} st{self.num_stages}")
 
 
 @triton.jit
@@ -45,10 +46,36 @@ def nibble_as_act(q, shift, dtype: tl.constexpr):
         return (((q >> shift) & 0xF) | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True) - 128.0
 
 
+@triton.jit
+def _nibble_dots_step(acc, x_ptr, qw_ptr, s_ptr, z_ptr, offs_m, offs_n, m_mask, n_mask, step, N, K,
+                      GROUP: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One K step as 8 dots, one per nibble: packed rows are loaded once (no 8x re-read), and dot i pairs the
+    weights of k = 8r + i with the activation columns 8r + i (a strided, cache-served load of the small x)."""
+    rows = step * (BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
+    r_mask = rows < K // 8
+    w_mask = r_mask[:, None] & n_mask[None, :]
+    q = tl.load(qw_ptr + rows[:, None] * N + offs_n[None, :], mask=w_mask, other=0)
+    x_off = offs_m[:, None] * K + (rows * 8)[None, :]
+    x_mask = m_mask[:, None] & r_mask[None, :]
+    dtype = x_ptr.dtype.element_ty
+    if GROUP % BLOCK_K == 0:
+        g = (step * BLOCK_K) // GROUP
+        s = tl.load(s_ptr + g * N + offs_n, mask=n_mask, other=0.0).to(dtype)[None, :]
+        z = tl.load(z_ptr + g * N + offs_n, mask=n_mask, other=0.0).to(dtype)[None, :]
+    else:
+        sz_off = ((rows * 8) // GROUP)[:, None] * N + offs_n[None, :]
+        s = tl.load(s_ptr + sz_off, mask=w_mask, other=0.0).to(dtype)
+        z = tl.load(z_ptr + sz_off, mask=w_mask, other=0.0).to(dtype)
+    for i in tl.static_range(8):
+        xi = tl.load(x_ptr + x_off + i, mask=x_mask, other=0.0)
+        acc = tl.dot(xi, nibble_as_act(q, 4 * i, dtype) * s + z, acc)
+    return acc
+
+
 @triton.jit(do_not_specialize=["M"])
 def _gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K,
                  GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr):
+                 BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, NIBBLE_DOTS: tl.constexpr):
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     tiles_m = tl.cdiv(M, BLOCK_M)
@@ -71,22 +98,25 @@ def _gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr
     last = tl.minimum(first + per_split, steps)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for step in range(first, last):
-        ks = step * BLOCK_K + offs_k
-        k_mask = ks < K
-        x = tl.load(x_ptr + offs_m[:, None] * K + ks[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-        w_mask = k_mask[:, None] & n_mask[None, :]
-        q = tl.load(qw_ptr + (ks // 8)[:, None] * N + offs_n[None, :], mask=w_mask, other=0)
-        codes = nibble_as_act(q, shift, x.dtype)
-        if GROUP % BLOCK_K == 0:
-            g = (step * BLOCK_K) // GROUP
-            s = tl.load(s_ptr + g * N + offs_n, mask=n_mask, other=0.0).to(x.dtype)[None, :]
-            z = tl.load(z_ptr + g * N + offs_n, mask=n_mask, other=0.0).to(x.dtype)[None, :]
+        if NIBBLE_DOTS:
+            acc = _nibble_dots_step(acc, x_ptr, qw_ptr, s_ptr, z_ptr, offs_m, offs_n, m_mask, n_mask, step, N, K,
+                                    GROUP, BLOCK_K)
         else:
-            sz_off = (ks // GROUP)[:, None] * N + offs_n[None, :]
-            s = tl.load(s_ptr + sz_off, mask=w_mask, other=0.0).to(x.dtype)
-            z = tl.load(z_ptr + sz_off, mask=w_mask, other=0.0).to(x.dtype)
-        w = codes * s + z
-        acc = tl.dot(x, w, acc)
+            ks = step * BLOCK_K + offs_k
+            k_mask = ks < K
+            x = tl.load(x_ptr + offs_m[:, None] * K + ks[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+            w_mask = k_mask[:, None] & n_mask[None, :]
+            q = tl.load(qw_ptr + (ks // 8)[:, None] * N + offs_n[None, :], mask=w_mask, other=0)
+            codes = nibble_as_act(q, shift, x.dtype)
+            if GROUP % BLOCK_K == 0:
+                g = (step * BLOCK_K) // GROUP
+                s = tl.load(s_ptr + g * N + offs_n, mask=n_mask, other=0.0).to(x.dtype)[None, :]
+                z = tl.load(z_ptr + g * N + offs_n, mask=n_mask, other=0.0).to(x.dtype)[None, :]
+            else:
+                sz_off = (ks // GROUP)[:, None] * N + offs_n[None, :]
+                s = tl.load(s_ptr + sz_off, mask=w_mask, other=0.0).to(x.dtype)
+                z = tl.load(z_ptr + sz_off, mask=w_mask, other=0.0).to(x.dtype)
+            acc = tl.dot(x, codes * s + z, acc)
     tile_id = pid_m * tiles_n + pid_n
     store_tile(acc, offs_m, offs_n, M, N, out_ptr, bias_ptr, ws_ptr, cnt_ptr, tile_id, HAS_BIAS, SPLIT_K)
 
@@ -103,5 +133,6 @@ def gemm(x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: 
     _gemm_kernel[(tiles, cfg.split_k)](
         x2d, qweight, scales, zeros, bias if bias is not None else out, out, ws, cnt, m, n, k,
         GROUP=group, HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        SPLIT_K=cfg.split_k, GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        SPLIT_K=cfg.split_k, GROUP_M=cfg.group_m, NIBBLE_DOTS=cfg.nibble_dots, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages)
     return out

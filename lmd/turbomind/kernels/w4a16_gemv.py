@@ -1,11 +1,15 @@
-"""Split-K GEMV for one token (decode): CUDA-core FMAs, no tensor cores.
+"""Split-K GEMV for the fewest tokens (decode, M of 1 to 4): CUDA-core FMAs, no tensor cores.
 
 Each program owns BLOCK_N output columns and a short K slice (many small programs keep enough loads in flight to
 stream the weights at memory speed). It loads whole packed rows q [BLOCK_K8, BLOCK_N] (one coalesced int32 load per 8
-weights), and for nibble i multiplies by the activations x[8r + i]. The scale is taken
-out of the nibble sum:  sum_k x_k (c_k s + z) = s * sum_k x_k c_k + z * sum_k x_k  over the 8 k of one packed row,
-so a weight costs a shift, a mask, a float conversion and one FMA. The conversion avoids the slow int->float unit:
-(c | 0x4B000000) read as fp32 is exactly 2^23 + c.
+weights) and, for nibble i, multiplies by the activations x[m, 8r + i] of each of the BLOCK_M rows.
+
+The work per weight is what bounds this kernel (about one instruction issue per weight per SM lane), so a weight costs
+a shift, a mask-and-or and one FMA per token row:
+    f = bits(0x3F800000 | c << 19) = 1 + c/16 exactly (the code in the top mantissa bits of a float in [1, 2)),
+and over the 8 weights of a packed row, with dot = sum_k x_k f_k and xs = sum_k x_k,
+    sum_k x_k (c_k s + z) = 16 s * dot + (z - 16 s) * xs.
+(With the code in the top mantissa bits the cancellation in the last line costs a few bits of 24, not the value.)
 
 Reference: `w4a16_layout.w4a16_matmul_reference` (same function; tests compare against it).
 """
@@ -28,9 +32,11 @@ class GemvConfig:
     split_k: int = 64
     num_warps: int = 1
     num_stages: int = 1
+    block_m: int = 1  # token rows per program: 1, 2 or 4
 
     def name(self) -> str:
-        return f"gemv n{self.block_n} k{8 * self.block_k8} s{self.split_k} w{self.num_warps} st{self.num_stages}"
+        return (f"gemv m{self.block_m} n{self.block_n} k{8 * self.block_k8} s{self.split_k} w{self.num_warps} "
+                f"st{self.num_stages}")
 
 
 @triton.jit
@@ -39,10 +45,28 @@ def nibble_as_float(q, i: tl.constexpr):
     return (((q >> (4 * i)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
 
 
+@triton.jit
+def nibble_as_unit_float(q, i: tl.constexpr):
+    """Nibble i of int32 q as the fp32 1 + c/16 (exact): the code moved to mantissa bits 19..22 of 1.0f."""
+    t = q << (19 - 4 * i) if 4 * i <= 19 else q >> (4 * i - 19)
+    return ((t & 0x00780000) | 0x3F800000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _row_step(x_ptr, x_off, x_mask, f, i: tl.constexpr, dot, xs):
+    xi = tl.load(x_ptr + x_off + i, mask=x_mask, other=0.0).to(tl.float32)
+    return dot + xi[:, None] * f, xs + xi
+
+
+@triton.jit
+def _fold(acc, dot, xs, s16, zc):
+    return acc + dot * s16 + xs[:, None] * zc
+
+
 @triton.jit(do_not_specialize=["M"])
 def _gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K,
                  GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K8: tl.constexpr,
-                 SPLIT_K: tl.constexpr):
+                 SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -53,7 +77,10 @@ def _gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr
     per_split = tl.cdiv(steps, SPLIT_K)
     first = pid_k * per_split
     last = tl.minimum(first + per_split, steps)
-    acc = tl.zeros([BLOCK_K8, BLOCK_N], dtype=tl.float32)
+    acc0 = tl.zeros([BLOCK_K8, BLOCK_N], dtype=tl.float32)
+    acc1 = tl.zeros([BLOCK_K8, BLOCK_N], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_K8, BLOCK_N], dtype=tl.float32)
+    acc3 = tl.zeros([BLOCK_K8, BLOCK_N], dtype=tl.float32)
     for step in range(first, last):
         rows = step * BLOCK_K8 + offs_r
         r_mask = rows < k8
@@ -67,30 +94,58 @@ def _gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr
             sz_off = ((rows * 8) // GROUP)[:, None] * N + offs_n[None, :]
             s = tl.load(s_ptr + sz_off, mask=w_mask, other=0.0).to(tl.float32)
             z = tl.load(z_ptr + sz_off, mask=w_mask, other=0.0).to(tl.float32)
-        dot = tl.zeros([BLOCK_K8, BLOCK_N], dtype=tl.float32)
-        xsum = tl.zeros([BLOCK_K8], dtype=tl.float32)
+        s16 = 16.0 * s
+        zc = z - s16
+        x_off = rows * 8
+        dot0 = tl.zeros([BLOCK_K8, BLOCK_N], dtype=tl.float32)
+        dot1 = tl.zeros([BLOCK_K8, BLOCK_N], dtype=tl.float32)
+        dot2 = tl.zeros([BLOCK_K8, BLOCK_N], dtype=tl.float32)
+        dot3 = tl.zeros([BLOCK_K8, BLOCK_N], dtype=tl.float32)
+        xs0 = tl.zeros([BLOCK_K8], dtype=tl.float32)
+        xs1 = tl.zeros([BLOCK_K8], dtype=tl.float32)
+        xs2 = tl.zeros([BLOCK_K8], dtype=tl.float32)
+        xs3 = tl.zeros([BLOCK_K8], dtype=tl.float32)
         for i in tl.static_range(8):
-            xi = tl.load(x_ptr + rows * 8 + i, mask=r_mask, other=0.0).to(tl.float32)
-            dot += xi[:, None] * nibble_as_float(q, i)
-            xsum += xi
-        acc += dot * s + xsum[:, None] * z
-    tile = tl.sum(acc, axis=0)[None, :]
-    store_tile(tile, tl.arange(0, 1), offs_n, M, N, out_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, HAS_BIAS, SPLIT_K)
+            f = nibble_as_unit_float(q, i)
+            dot0, xs0 = _row_step(x_ptr, x_off, r_mask, f, i, dot0, xs0)
+            if BLOCK_M > 1:
+                dot1, xs1 = _row_step(x_ptr, x_off + K, r_mask & (offs_r * 0 + 1 < M), f, i, dot1, xs1)
+            if BLOCK_M > 2:
+                dot2, xs2 = _row_step(x_ptr, x_off + 2 * K, r_mask & (offs_r * 0 + 2 < M), f, i, dot2, xs2)
+                dot3, xs3 = _row_step(x_ptr, x_off + 3 * K, r_mask & (offs_r * 0 + 3 < M), f, i, dot3, xs3)
+        acc0 = _fold(acc0, dot0, xs0, s16, zc)
+        if BLOCK_M > 1:
+            acc1 = _fold(acc1, dot1, xs1, s16, zc)
+        if BLOCK_M > 2:
+            acc2 = _fold(acc2, dot2, xs2, s16, zc)
+            acc3 = _fold(acc3, dot3, xs3, s16, zc)
+    # each token row has its own split-K counter: tile id = column tile * BLOCK_M + row
+    row = tl.arange(0, 1)
+    store_tile(tl.sum(acc0, axis=0)[None, :], row, offs_n, M, N, out_ptr, bias_ptr, ws_ptr, cnt_ptr,
+               pid_n * BLOCK_M, HAS_BIAS, SPLIT_K)
+    if BLOCK_M > 1:
+        store_tile(tl.sum(acc1, axis=0)[None, :], row + 1, offs_n, M, N, out_ptr, bias_ptr, ws_ptr, cnt_ptr,
+                   pid_n * BLOCK_M + 1, HAS_BIAS, SPLIT_K)
+    if BLOCK_M > 2:
+        store_tile(tl.sum(acc2, axis=0)[None, :], row + 2, offs_n, M, N, out_ptr, bias_ptr, ws_ptr, cnt_ptr,
+                   pid_n * BLOCK_M + 2, HAS_BIAS, SPLIT_K)
+        store_tile(tl.sum(acc3, axis=0)[None, :], row + 3, offs_n, M, N, out_ptr, bias_ptr, ws_ptr, cnt_ptr,
+                   pid_n * BLOCK_M + 3, HAS_BIAS, SPLIT_K)
 
 
 def gemv(x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
          bias: torch.Tensor | None, cfg: GemvConfig) -> torch.Tensor:
-    """x2d [1, K] contiguous -> [1, N] in x's dtype."""
+    """x2d [M, K] (M <= cfg.block_m, contiguous) -> [M, N] in x's dtype."""
     m, k = x2d.shape
     n = qweight.shape[1]
-    if m != 1:
-        raise ValueError(f"the GEMV path takes one token, got M={m}")
+    if m > cfg.block_m or cfg.block_m not in (1, 2, 4):
+        raise ValueError(f"GEMV config for M <= {cfg.block_m} (1, 2 or 4) called with M={m}")
     group = k // scales.shape[0]
     out = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
     tiles_n = triton.cdiv(n, cfg.block_n)
-    ws, cnt = SplitKWorkspace.get(x2d.device, m * n, tiles_n) if cfg.split_k > 1 else (out, out)
+    ws, cnt = SplitKWorkspace.get(x2d.device, m * n, tiles_n * cfg.block_m) if cfg.split_k > 1 else (out, out)
     _gemv_kernel[(tiles_n, cfg.split_k)](
         x2d, qweight, scales, zeros, bias if bias is not None else out, out, ws, cnt, m, n, k,
         GROUP=group, HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n, BLOCK_K8=cfg.block_k8,
-        SPLIT_K=cfg.split_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        SPLIT_K=cfg.split_k, BLOCK_M=cfg.block_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out

@@ -1,0 +1,40 @@
+"""Run a few W4A16 kernel configs a handful of times, for a profiler (Nsight Compute) to look at.
+
+    ncu --clock-control none --kernel-name regex:_gem --launch-skip 3 --launch-count 1 --section SpeedOfLight \
+        python3 benchmarks/kernel_profile.py --n 11008 --k 4096 --m 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lmd.turbomind.kernels.w4a16 import default_plan, m_bucket, run_plan  # noqa: E402
+from lmd.turbomind.kernels.w4a16_layout import quantize_to_engine  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--n", type=int, default=11008)
+    parser.add_argument("--k", type=int, default=4096)
+    parser.add_argument("--m", type=int, default=1)
+    parser.add_argument("--group", type=int, default=128)
+    parser.add_argument("--reps", type=int, default=5)
+    args = parser.parse_args()
+    dev = torch.device("cuda")
+    qw, s, z = quantize_to_engine(torch.randn(args.n, args.k, device=dev) * 0.02, args.group, torch.float16)
+    x = torch.randn(args.m, args.k, device=dev, dtype=torch.float16)
+    plan = default_plan(m_bucket(args.m), args.n, args.k, args.group, dev)
+    print(plan.name())
+    for _ in range(args.reps):
+        run_plan(plan, x, qw, s, z)
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
