@@ -3,7 +3,7 @@
     q = clamp(round((x - zero) / scale), -128, 127)        x ≈ q * scale + zero
 
 Static parameters (`lmd kv-qparams`, docs/workspace.md) are one (scale, zero) per layer and KV head. Online parameters
-are computed per token and head at write time, zero = (min + max) / 2, scale = (max - min) / 255, and are stored in
+are computed per token and head at write time, zero = (min + max) / 2, scale ≈ (max - min) / 255, and are stored in
 fp16 beside the codes; the codes are made with the fp16-rounded parameters so that dequantization is consistent.
 """
 
@@ -29,8 +29,12 @@ def online_params(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, H, D] -> scale, zero [T, H] in fp16 (per-token, per-head asymmetric)."""
     xf = x.float()
     hi, lo = xf.amax(dim=-1), xf.amin(dim=-1)
-    scale = ((hi - lo) / 255.0).clamp(min=1e-6)
-    return scale.to(torch.float16).clamp(min=6.2e-5), ((hi + lo) / 2.0).to(torch.float16)
+    zero = ((hi + lo) / 2.0).to(torch.float16)
+    # The stored zero is rounded to fp16; widen the step so [lo, hi] still maps inside [-127.5, 127.5] steps, and
+    # round the step up, never down, to fp16.
+    reach = torch.maximum(hi - zero.float(), zero.float() - lo)
+    scale = (reach / 127.5).clamp(min=6.2e-5) * (1 + 2.0 ** -10)
+    return scale.to(torch.float16), zero
 
 
 @dataclass(frozen=True)
