@@ -12,8 +12,9 @@ from lmd.turbomind.rope import apply_rotary
 
 
 class Attention:
-    def __init__(self, layer: int, w_qkv: Linear, wo: Linear, q_heads: int, kv_heads: int, head_dim: int) -> None:
-        self.layer, self.w_qkv, self.wo = layer, w_qkv, wo
+    def __init__(self, layer: int, w_qkv: Linear, wo: Linear, q_heads: int, kv_heads: int, head_dim: int,
+                 fused: bool = True) -> None:
+        self.layer, self.w_qkv, self.wo, self.fused = layer, w_qkv, wo, fused
         self.q_heads, self.kv_heads, self.head_dim = q_heads, kv_heads, head_dim
         self.scale = head_dim ** -0.5
 
@@ -24,5 +25,5 @@ class Attention:
         q = apply_rotary(q.reshape(t, self.q_heads, d), cos, sin)
         k = apply_rotary(k.reshape(t, self.kv_heads, d), cos, sin)
         cache.write(self.layer, k, v.reshape(t, self.kv_heads, d), batch.slots)
-        out = paged_attention(q, cache, self.layer, batch, self.scale)
+        out = paged_attention(q, cache, self.layer, batch, self.scale, self.fused)
         return self.wo(out.reshape(t, self.q_heads * d))

@@ -14,14 +14,15 @@ from lmd.turbomind.rope import RotaryEmbedding
 
 
 class DecoderLayer:
-    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], i: int, dtype: torch.dtype) -> None:
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], i: int, dtype: torch.dtype,
+                 fused_attention: bool = True) -> None:
         p, r = f"layers.{i}.", cfg.tensor_para_size
         self.eps = cfg.norm_eps
         self.attention_norm = weights[p + "attention_norm.weight"].to(dtype)
         self.ffn_norm = weights[p + "ffn_norm.weight"].to(dtype)
         self.attention = Attention(i, make_linear(weights, p + "attention.w_qkv", dtype),
                                    make_linear(weights, p + "attention.wo", dtype),
-                                   cfg.head_num // r, cfg.kv_head_num // r, cfg.size_per_head)
+                                   cfg.head_num // r, cfg.kv_head_num // r, cfg.size_per_head, fused_attention)
         self.mlp = GatedMLP(make_linear(weights, p + "feed_forward.w13", dtype),
                             make_linear(weights, p + "feed_forward.w2", dtype))
 
@@ -33,12 +34,12 @@ class DecoderLayer:
 
 class LlamaModel:
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
-                 device: torch.device) -> None:
+                 device: torch.device, fused_attention: bool = True) -> None:
         self.cfg, self.dtype = cfg, dtype
         self.embed = weights["tok_embeddings.weight"].to(dtype)
         self.norm = weights["norm.weight"].to(dtype)
         self.lm_head = self.embed if cfg.tie_word_embeddings else weights["output.weight"].to(dtype)
-        self.layers = [DecoderLayer(cfg, weights, i, dtype) for i in range(cfg.num_layer)]
+        self.layers = [DecoderLayer(cfg, weights, i, dtype, fused_attention) for i in range(cfg.num_layer)]
         self.rope = RotaryEmbedding(cfg, device)
 
     @torch.inference_mode()

@@ -39,7 +39,7 @@ class ModelRunner:
         self.dtype = DTYPES[model_cfg.float_dtype if engine_cfg.dtype == "auto" else engine_cfg.dtype]
         weights = ws.load_weights(str(self.device))
         check_weights(model_cfg, weights, str(ws.weights_file()))
-        self.model = LlamaModel(model_cfg, weights, self.dtype, self.device)
+        self.model = LlamaModel(model_cfg, weights, self.dtype, self.device, engine_cfg.use_context_fmha)
         del weights
         self.block_size = engine_cfg.cache_block_seq_len
         int8 = engine_cfg.quant_policy == 4

@@ -53,6 +53,14 @@ def test_forward_matches_transformers(tmp_path, model_type):
     assert (lb - _hf_logits(src, b)).abs().max() < 1e-4
 
 
+def test_unfused_attention_matches_transformers(tmp_path):
+    src, ws = deploy_tiny(tmp_path, "llama")
+    a, b = _ids(23, 5), _ids(10, 6)
+    la, lb = _engine_logits(ws, a, b, split=9, use_context_fmha=False)
+    assert (la - _hf_logits(src, a)).abs().max() < 1e-4
+    assert (lb - _hf_logits(src, b)).abs().max() < 1e-4
+
+
 @pytest.mark.parametrize("rope", [
     {"rope_type": "linear", "factor": 2.0},
     {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
