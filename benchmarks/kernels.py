@@ -75,6 +75,16 @@ def tinygemm_pack(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tens
     return packed, sz
 
 
+def programs(plan, m: int, n: int, k: int) -> int:
+    """Programs (CTAs) the plan launches; over the SM count that is the number of waves if one program fits per SM."""
+    name = type(plan).__name__
+    if name == "GemvConfig":
+        return -(-n // plan.block_n) * plan.split_k
+    if name == "GemmConfig":
+        return -(-m // plan.block_m) * -(-n // plan.block_n) * plan.split_k
+    return -(-k // (8 * plan.block_k8)) * -(-n // plan.block_n)  # the dequant kernel (cuBLAS not counted)
+
+
 def copy_bandwidth() -> float:
     a = torch.empty(2**30, dtype=torch.uint8, device="cuda")
     b = torch.empty_like(a)
@@ -110,10 +120,12 @@ def bench_shape(n: int, k: int, ms: list[int], group: int, log: list) -> list[di
         row = dict(n=n, k=k, m=m, group=group, plan=chosen.name(), fp16_us=t_fp16, tinygemm_us=t_tiny, w4a16_us=t_w4,
                    vs_fp16=t_fp16 / t_w4, vs_tinygemm=t_tiny / t_w4, w4a16_tb_s=moved / (t_w4 * 1e-6) / 1e12,
                    fp16_tb_s=(n * k * 2 + 2 * m * (k + n)) / (t_fp16 * 1e-6) / 1e12,
-                   w4a16_tflops=2 * m * n * k / (t_w4 * 1e-6) / 1e12, tune=timings)
+                   w4a16_tflops=2 * m * n * k / (t_w4 * 1e-6) / 1e12, programs=programs(chosen, m, n, k),
+                   tune=timings)
         rows.append(row)
         print(f"{n}x{k} m={m:5d} fp16 {t_fp16:8.1f}us tiny {t_tiny:8.1f}us w4a16 {t_w4:8.1f}us "
               f"x{row['vs_fp16']:.2f} vs fp16, x{row['vs_tinygemm']:.2f} vs tiny, {row['w4a16_tb_s']:.2f} TB/s "
+              f"{row['programs']} CTAs "
               f"[{chosen.name()}]", flush=True)
         top = sorted(timings, key=lambda t: t[1])[:3]
         print("    tuned: " + ", ".join(f"{name} {t * 1000:.1f}us" for name, t in top), flush=True)

@@ -113,19 +113,23 @@ def candidates(bucket: int, n: int, k: int, group: int, device: torch.device) ->
                                (256, 1, 1), (512, 1, 2), (512, 2, 2), (1024, 1, 4), (256, 4, 2)):
             for steps in (1, 2, 4):
                 out.append(_gemv(bucket, k, bn, bk8, warps, steps))
-        for bn, bk8, warps in ((256, 2, 2), (512, 2, 4), (512, 1, 2)):
+        for bn, bk8, warps in ((128, 8, 1), (256, 8, 2), (128, 16, 1), (256, 4, 1), (512, 4, 2)):
+            for steps in (1, 2, 4, 8):
+                out.append(_gemv(bucket, k, bn, bk8, warps, steps))
+        for bn, bk8, warps in ((256, 2, 2), (128, 8, 1)):
             for steps, stages in ((8, 2), (16, 3)):
                 out.append(_gemv(bucket, k, bn, bk8, warps, steps, stages))
     elif bucket <= 4:
-        for bn, bk8, warps in ((128, 1, 1), (256, 1, 2), (512, 1, 2), (256, 2, 2), (512, 2, 4)):
+        for bn, bk8, warps in ((128, 1, 1), (256, 1, 2), (512, 1, 2), (256, 2, 2), (128, 8, 1), (256, 4, 1)):
             for steps in (2, 4):
                 out.append(_gemv(bucket, k, bn, bk8, warps, steps))
     if bucket <= 128:
         for bn, bk, warps in ((64, 64, 4), (32, 64, 4), (64, 128, 4), (128, 64, 4), (256, 64, 4), (128, 128, 8)):
             for per_sm in (2, 4, 8):
                 out.append(_splitk(bucket, n, k, sms, bn, bk, warps, per_sm))
-        for bn, bk, warps in ((64, 128, 4), (128, 128, 4), (64, 256, 4), (256, 128, 8), (32, 128, 4)):
-            for per_sm in (2, 4, 8):
+        for bn, bk, warps in ((64, 128, 4), (128, 128, 4), (64, 256, 4), (256, 128, 8), (32, 128, 4),
+                              (128, 256, 4), (64, 512, 4)):
+            for per_sm in (1, 2, 4, 8):
                 out.append(_splitk(bucket, n, k, sms, bn, bk, warps, per_sm, nibble_dots=True))
     if bucket >= 32:
         for bm, bn, bk, warps in ((64, 32, 128, 4), (64, 64, 64, 4), (64, 64, 128, 8), (128, 64, 64, 4),

@@ -37,11 +37,13 @@ def store_tile(acc, offs_m, offs_n, M, N, out_ptr, bias_ptr, ws_ptr, cnt_ptr, ti
     else:
         mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
         ws = ws_ptr + offs_m[:, None] * N + offs_n[None, :]
-        tl.atomic_add(ws, acc, mask=mask, sem="release")
-        tl.debug_barrier()  # every thread's partial is issued before the counter says so
+        # relaxed adds, a CTA barrier, then one release on the counter: the semaphore pattern of CUTLASS's split-K
+        # (a release on every element would put a fence before each of them)
+        tl.atomic_add(ws, acc, mask=mask, sem="relaxed")
+        tl.debug_barrier()
         seen = tl.atomic_add(cnt_ptr + tile_id, 1, sem="acq_rel")
         if seen == SPLIT_K - 1:
-            total = tl.atomic_add(ws, tl.zeros_like(acc), mask=mask, sem="acquire")  # an L2-coherent read
+            total = tl.atomic_add(ws, tl.zeros_like(acc), mask=mask, sem="relaxed")  # an L2-coherent read
             tl.store(ws, tl.zeros_like(acc), mask=mask)
             tl.atomic_xchg(cnt_ptr + tile_id, 0)
             cast_bias_store(total, offs_m, offs_n, M, N, out_ptr, bias_ptr, HAS_BIAS)
