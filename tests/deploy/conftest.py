@@ -53,6 +53,21 @@ def build_awq_checkpoint(src: Path, dst: Path, group_size: int) -> Path:
     return dst
 
 
+def _randomize_biases(model_dir: Path) -> Path:
+    """HF initialises biases to zero, which would let a dropped or misplaced QKV bias pass a round trip."""
+    from safetensors.torch import load_file, save_file
+
+    path = model_dir / "model.safetensors"
+    state = load_file(str(path))
+    biases = [name for name in state if name.endswith(".bias")]
+    if biases:
+        generator = torch.Generator().manual_seed(1)
+        for name in biases:
+            state[name] = torch.randn(state[name].shape, generator=generator).to(state[name].dtype)
+        save_file(state, str(path), metadata={"format": "pt"})
+    return model_dir
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
     """model_type -> tiny fp32 HF dir, built once per session."""
@@ -61,8 +76,9 @@ def tiny_models(tmp_path_factory):
     def get(model_type: str = "llama", dtype: str = "float32", **overrides) -> Path:
         key = (model_type, dtype, tuple(sorted(overrides.items())))
         if key not in cache:
-            cache[key] = build_tiny_model(tmp_path_factory.mktemp(f"tiny-{model_type}-{dtype}"), model_type, dtype,
-                                          **overrides)
+            path = build_tiny_model(tmp_path_factory.mktemp(f"tiny-{model_type}-{dtype}"), model_type, dtype,
+                                    **overrides)
+            cache[key] = _randomize_biases(path)
         return cache[key]
 
     return get

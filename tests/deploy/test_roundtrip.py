@@ -46,6 +46,7 @@ def test_rank_files_hold_their_slices(tiny_models, tmp_path):
     expected = torch.cat([q[64:128], k[32:64], v[32:64]])
     assert torch.equal(rank1["layers.0.attention.w_qkv.weight"], expected)
     bias = original["model.layers.0.self_attn.q_proj.bias"].half()
+    assert bias.abs().sum() > 0
     assert torch.equal(rank1["layers.0.attention.w_qkv.bias"][:64], bias[64:128])
     gate = original["model.layers.0.mlp.gate_proj.weight"].half()
     up = original["model.layers.0.mlp.up_proj.weight"].half()
