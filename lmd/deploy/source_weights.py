@@ -6,6 +6,7 @@ sits in memory whole; GGUF files are dequantized by transformers into a model wh
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -138,8 +139,19 @@ class StateDictReader(TensorReader):
 
 
 def open_hf_dir(model_dir: str) -> TensorReader:
-    """Every *.safetensors file of the directory (the index file is not needed), else pytorch_model*.bin shards."""
+    """The shards named by model.safetensors.index.json (Mistral repos also hold a differently named
+    consolidated.safetensors), else every *.safetensors file, else pytorch_model*.bin shards."""
     root = Path(model_dir)
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, AttributeError) as exc:
+            raise LmdError(f"{index}: not a valid safetensors index ({_first_line(exc)}); re-download it") from None
+        missing = [name for name in shards if not (root / name).is_file()]
+        if missing:
+            raise LmdError(f"{root}: shard {missing[0]} named by {index.name} is missing; re-download the model")
+        return SafetensorsReader([root / name for name in shards], str(root))
     files = sorted(root.glob("*.safetensors"))
     if files:
         return SafetensorsReader(files, str(root))

@@ -8,6 +8,7 @@ from safetensors.torch import load_file
 
 from lmd.deploy import deploy
 from lmd.deploy.workspace_reader import load_rank_tensors, read_workspace_config, reconstruct_hf_state_dict
+from lmd.errors import LmdError
 from lmd.turbomind.kernels.w4a16_layout import awq_to_engine, dequantize, unpack_awq_int32
 
 
@@ -139,3 +140,27 @@ def test_pytorch_bin_checkpoint(tiny_models, tmp_path):
     rebuilt = reconstruct_hf_state_dict(deploy("base", str(src), str(tmp_path / "ws"), progress=False))
     for name, tensor in state.items():
         assert torch.equal(rebuilt[name], tensor.half()), name
+
+
+def test_sharded_checkpoint_follows_its_index(tiny_models, tmp_path):
+    import json
+    import shutil
+
+    from safetensors.torch import save_file
+
+    src = shutil.copytree(tiny_models("mistral"), tmp_path / "sharded")
+    state = load_file(str(src / "model.safetensors"))
+    (src / "model.safetensors").unlink()
+    names = sorted(state)
+    halves = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for file, keys in halves.items():
+        save_file({k: state[k] for k in keys}, str(src / file))
+    weight_map = {k: file for file, keys in halves.items() for k in keys}
+    (src / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    save_file({"unrelated": torch.zeros(1)}, str(src / "consolidated.safetensors"))  # not in the index: ignored
+    rebuilt = reconstruct_hf_state_dict(deploy("mistral", str(src), str(tmp_path / "ws"), progress=False))
+    for name, tensor in state.items():
+        assert torch.equal(rebuilt[name], tensor.half()), name
+    (src / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(LmdError, match="shard model-00002-of-00002.safetensors named by model.safetensors.index.json"):
+        deploy("mistral", str(src), str(tmp_path / "ws2"), progress=False)
