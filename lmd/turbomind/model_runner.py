@@ -6,6 +6,8 @@ The runner owns everything on the device: the model's weights and the KV cache p
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from lmd.errors import LmdError
@@ -32,13 +34,14 @@ def resolve_device(name: str) -> torch.device:
 class ModelRunner:
     def __init__(self, ws: Workspace) -> None:
         model_cfg, engine_cfg = ws.model, ws.engine
-        if model_cfg.tensor_para_size != 1:
-            raise LmdError(f"{ws.root}: tensor_para_size={model_cfg.tensor_para_size}; this engine runs one rank "
-                           "per process, redeploy with --tp 1")
         self.device = resolve_device(engine_cfg.device)
         self.dtype = DTYPES[model_cfg.float_dtype if engine_cfg.dtype == "auto" else engine_cfg.dtype]
-        weights = ws.load_weights(str(self.device))
-        check_weights(model_cfg, weights, str(ws.weights_file()))
+        if model_cfg.tensor_para_size == 1:
+            weights = ws.load_weights(str(self.device))
+            check_weights(model_cfg, weights, str(ws.weights_file()))
+        else:  # all ranks in this one process: the rank files merged back into the whole model
+            weights = ws.load_merged_weights(str(self.device))
+            model_cfg = dataclasses.replace(model_cfg, tensor_para_size=1)
         self.model = LlamaModel(model_cfg, weights, self.dtype, self.device, engine_cfg.use_context_fmha)
         del weights
         self.block_size = engine_cfg.cache_block_seq_len

@@ -37,6 +37,7 @@ class Workspace:
         return self.weights_dir / f"kv_qparams.rank{self.engine.tp_rank}.safetensors"
 
     def load_weights(self, device: str) -> dict[str, torch.Tensor]:
+        """This rank's tensors, as written by `lmd deploy`."""
         from safetensors.torch import load_file
 
         path = self.weights_file()
@@ -45,11 +46,36 @@ class Workspace:
                            f"{self.model.tensor_para_size}`)")
         return load_file(str(path), device=device)
 
-    def load_kv_qparams(self, device: str) -> dict[str, torch.Tensor] | None:
+    def load_merged_weights(self, device: str) -> dict[str, torch.Tensor]:
+        """Whole-model tensors (tensor_para_size = 1 layout) from every rank file, to run all ranks in one process."""
         from safetensors.torch import load_file
 
-        path = self.kv_qparams_file()
-        return load_file(str(path), device=device) if path.is_file() else None
+        from lmd.turbomind.rank_merge import merge_ranks
+        from lmd.turbomind.weights import check_weights
+
+        ranks = []
+        for rank in range(self.model.tensor_para_size):
+            path = self.weights_dir / f"model.rank{rank}.safetensors"
+            if not path.is_file():
+                raise LmdError(f"{path} not found; the workspace was deployed with --tp "
+                               f"{self.model.tensor_para_size}, redeploy it")
+            ranks.append(load_file(str(path), device=device))
+            check_weights(self.model, ranks[-1], str(path))
+        return ranks[0] if len(ranks) == 1 else merge_ranks(self.model, ranks)
+
+    def load_kv_qparams(self, device: str) -> dict[str, torch.Tensor] | None:
+        """Static KV int8 parameters of all ranks, one value per KV head of the whole model; None when absent."""
+        import torch
+        from safetensors.torch import load_file
+
+        paths = [self.weights_dir / f"kv_qparams.rank{r}.safetensors" for r in range(self.model.tensor_para_size)]
+        present = [p for p in paths if p.is_file()]
+        if not present:
+            return None
+        if len(present) != len(paths):
+            raise LmdError(f"{self.weights_dir}: kv_qparams files exist for some ranks only; rerun `lmd kv-qparams`")
+        ranks = [load_file(str(p), device=device) for p in paths]
+        return {name: torch.cat([rank[name].reshape(-1) for rank in ranks]) for name in ranks[0]}
 
     def load_tokenizer(self) -> PreTrainedTokenizerBase:
         from transformers import AutoTokenizer

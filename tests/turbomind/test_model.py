@@ -93,3 +93,22 @@ def test_kv_cache_reads_a_sequence_back_through_its_block_table(dtype):
     cache.write(0, k, v, torch.tensor([4, 5, 0]))  # block table [2, 0]: tokens 0, 1 in block 2, token 2 in block 0
     rk, rv = cache.read(0, torch.tensor([2, 0]), 3)
     assert torch.equal(rk, k.to(dtype)) and torch.equal(rv, v.to(dtype))
+
+
+@pytest.mark.parametrize("int4", [False, True])
+def test_tensor_parallel_workspace_runs_merged_in_one_process(tiny_llama_ws, tmp_path, int4):
+    from lmd.deploy.converter import deploy
+
+    if int4:
+        from tests.turbomind.awq_checkpoint import write_awq_checkpoint
+
+        write_awq_checkpoint(tiny_llama_ws[0], tmp_path / "awq", group_size=64)
+        src, options = tmp_path / "awq", dict(group_size=64, dtype="float16")
+    else:
+        src, options = tiny_llama_ws[0], dict(dtype="float32")
+    one = deploy("base", str(src), str(tmp_path / "tp1"), progress=False, **options)
+    two = deploy("base", str(src), str(tmp_path / "tp2"), tp=2, progress=False, **options)
+    a, b = _ids(23, 0), _ids(10, 1)
+    la1, lb1 = _engine_logits(one, a, b, split=9, dtype="fp32")
+    la2, lb2 = _engine_logits(two, a, b, split=9, dtype="fp32")
+    assert torch.allclose(la1, la2, atol=1e-5) and torch.allclose(lb1, lb2, atol=1e-5)
