@@ -49,18 +49,26 @@ def calibrate_command(
 
 @contextmanager
 def _layer_progress(enabled: bool) -> Iterator[LayerCallback | None]:
-    """A transient rich bar on stderr advancing once per decoder layer; it appears when the first layer starts."""
+    """A transient rich bar on stderr advancing once per decoder layer (plain lines when stderr is a log file)."""
     if not enabled:
         yield None
         return
+    import time
+
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    console = Console(stderr=True)
     bar = Progress(TextColumn("calibrating layers"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   console=Console(stderr=True), transient=True)
+                   console=console, transient=True)
     task: list[int] = []
+    start = time.perf_counter()
 
     def on_layer(done: int, total: int) -> None:
+        if not console.is_terminal:
+            if done:
+                console.print(f"calibrated layer {done}/{total} ({time.perf_counter() - start:.0f} s)")
+            return
         if not task:
             bar.start()
             task.append(bar.add_task("layers", total=total))
