@@ -55,7 +55,8 @@ def _interpreting() -> bool:
 
 
 def triton_usable(x: torch.Tensor) -> bool:
-    return HAS_TRITON and (x.is_cuda or _interpreting())
+    """The kernels take fp16/bf16 activations (tensor-core operands); other dtypes run the reference."""
+    return HAS_TRITON and x.dtype in (torch.float16, torch.bfloat16) and (x.is_cuda or _interpreting())
 
 
 def run_plan(plan: Plan, x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
