@@ -16,26 +16,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from lmd.arch import ArchSpec, get_arch
+from lmd.arch import get_arch
 from lmd.chat.templates import get_chat_template
 from lmd.deploy.config_from_hf import ModelDims, build_workspace_config
-from lmd.deploy.safetensors_stream import SafetensorsStreamWriter
-from lmd.deploy.source_weights import TensorReader, check_awq_config, detect_format, hub_model_dir, open_gguf, open_hf_dir
-from lmd.deploy.tp_split import (
-    FloatLinear,
-    Int4Linear,
-    Linear,
-    check_tp,
-    pad_vocab,
-    qkv_bias_rank,
-    qkv_rank,
-    row_rank,
-    w13_rank,
-)
-from lmd.deploy.workspace_config import WorkspaceConfig, rank_weights_path, tokenizer_dir, write_workspace_config
+from lmd.deploy.source_weights import check_awq_config, detect_format, hub_model_dir, open_gguf, open_hf_dir
+from lmd.deploy.tp_split import check_tp
+from lmd.deploy.weight_writer import write_weights
+from lmd.deploy.workspace_config import tokenizer_dir, write_workspace_config
 from lmd.errors import LmdError
-from lmd.model_source import load_config, resolve_model, torch_dtype
-from lmd.turbomind.kernels.w4a16_layout import awq_to_engine
+from lmd.model_source import ModelSource, load_config, resolve_model, torch_dtype
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
@@ -73,7 +62,7 @@ def run_deploy(model_name: str, model_path: str, dst_path: str = "./workspace", 
     config = load_config(source)
     where = source.display_name
     fmt = detect_format(source, config, model_format)
-    get_arch(config)
+    arch = get_arch(config)
     dims = ModelDims.from_config(config, where)
     model_dir = None if source.is_gguf else hub_model_dir(source)
     if fmt == "awq":
@@ -82,6 +71,8 @@ def run_deploy(model_name: str, model_path: str, dst_path: str = "./workspace", 
         group_size = 0
     check_tp(tp, dims, group_size)
     compute = _compute_dtype(fmt, config, dtype)
+    if fmt == "awq" and compute == torch.float32:
+        raise LmdError("--dtype float32 is not a compute dtype for int4 weights; use float16 or bfloat16")
     tokenizer = _load_tokenizer(source, tokenizer_path)
     if template.renderer is None and not getattr(tokenizer, "chat_template", None):
         raise LmdError(f"MODEL_NAME hf uses the tokenizer's chat_template, but the tokenizer of {where} has none; "
@@ -91,14 +82,12 @@ def run_deploy(model_name: str, model_path: str, dst_path: str = "./workspace", 
         model_name=model_name, config=config, dims=dims, tokenizer=tokenizer, model_dir=model_dir, tp=tp,
         weight_type="int4" if fmt == "awq" else WEIGHT_TYPE_OF[compute], group_size=group_size,
         compute_dtype=WEIGHT_TYPE_OF[compute], where=where)
-    if fmt == "awq" and compute == torch.float32:
-        raise LmdError("--dtype float32 is not a compute dtype for int4 weights; use float16 or bfloat16")
 
     tmp = dst.parent / f".{dst.name}.lmd-tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         reader = open_gguf(source) if fmt == "gguf" else open_hf_dir(model_dir)  # type: ignore[arg-type]
-        num_tensors = _write_weights(tmp, reader, get_arch(config), ws_config, dims, compute, progress)
+        num_tensors = write_weights(tmp, reader, arch, ws_config, dims, compute, progress)
         write_workspace_config(tmp, ws_config)
         tokenizer.save_pretrained(str(tokenizer_dir(tmp)))
         _swap_into_place(tmp, dst)
@@ -120,11 +109,7 @@ def _compute_dtype(fmt: str, config: PretrainedConfig, requested: str | None) ->
     return torch.float16
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def _load_tokenizer(source, tokenizer_path: str | None) -> PreTrainedTokenizerBase:
+def _load_tokenizer(source: ModelSource, tokenizer_path: str | None) -> PreTrainedTokenizerBase:
     from lmd.model_source import load_tokenizer
 
     if tokenizer_path is None:
@@ -166,129 +151,3 @@ def _swap_into_place(tmp: Path, dst: Path) -> None:
     os.replace(dst, old)
     os.replace(tmp, dst)
     shutil.rmtree(old, ignore_errors=True)
-
-
-def _cast(tensor: torch.Tensor, dtype: torch.dtype, name: str, where: str) -> torch.Tensor:
-    """Cast, refusing values that fp16 cannot hold (bf16 / fp32 sources); one min/max pass, no temporaries."""
-    if dtype == torch.float16 and tensor.dtype in (torch.float32, torch.bfloat16) and tensor.numel():
-        low, high = torch.aminmax(tensor)
-        if max(-float(low), float(high)) > torch.finfo(torch.float16).max:
-            raise LmdError(f"{where}: tensor {name} has values beyond float16's range; deploy with --dtype bfloat16")
-    return tensor.to(dtype)
-
-
-class _Converter:
-    def __init__(self, reader: TensorReader, arch: ArchSpec, cfg: WorkspaceConfig, dims: ModelDims,
-                 dtype: torch.dtype) -> None:
-        self.reader, self.arch, self.cfg, self.dims, self.dtype = reader, arch, cfg, dims, dtype
-        self.int4 = cfg.weight_type == "int4"
-
-    def vector(self, name: str, size: int) -> torch.Tensor:
-        return _cast(self.reader.get(name, (size,)), self.dtype, name, self.reader.where)
-
-    def matrix(self, name: str, rows: int, cols: int) -> torch.Tensor:
-        return _cast(self.reader.get(name, (rows, cols)), self.dtype, name, self.reader.where)
-
-    def linear(self, module: str, n: int, k: int) -> Linear:
-        if not self.int4:
-            return FloatLinear(self.matrix(f"{module}.weight", n, k))
-        g = self.cfg.group_size
-        if self.reader.has(f"{module}.weight") and not self.reader.has(f"{module}.qweight"):
-            raise LmdError(f"{self.reader.where}: {module} is not quantized (it has .weight, not .qweight); "
-                           "lmd deploy needs every q/k/v/o/gate/up/down linear in AWQ int4")
-        if n % 8 or k % g:
-            raise LmdError(f"{self.reader.where}: {module} is [{n}, {k}]; AWQ needs N % 8 == 0 and K % {g} == 0")
-        qweight = self.reader.get(f"{module}.qweight", (k, n // 8))
-        qzeros = self.reader.get(f"{module}.qzeros", (k // g, n // 8))
-        scales = self.reader.get(f"{module}.scales", (k // g, n))
-        return Int4Linear(*awq_to_engine(qweight, qzeros, scales, g, self.dtype))
-
-    def check_no_extra_bias(self, prefix: str) -> None:
-        for module in (self.arch.o, self.arch.gate, self.arch.up, self.arch.down):
-            if self.reader.has(f"{prefix}{module}.bias"):
-                raise LmdError(f"{self.reader.where}: {prefix}{module}.bias is not supported by the workspace format "
-                               "(only the fused QKV may have a bias)")
-
-
-def _write_weights(tmp: Path, reader: TensorReader, arch: ArchSpec, cfg: WorkspaceConfig, dims: ModelDims,
-                   dtype: torch.dtype, progress: bool) -> int:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    tp, h, d = cfg.tensor_para_size, dims.hidden, dims.head_dim
-    conv = _Converter(reader, arch, cfg, dims, dtype)
-    rank_tensors = [0] * tp
-    writers = [SafetensorsStreamWriter(_mkparent(rank_weights_path(tmp, r)),
-                                       {"format": "pt", "rank": str(r), "tensor_para_size": str(tp)}) for r in range(tp)]
-
-    def put(rank: int, tensors: dict[str, torch.Tensor]) -> None:
-        for name, tensor in tensors.items():
-            writers[rank].add(name, tensor)
-            rank_tensors[rank] += 1
-
-    bar = Progress(TextColumn("[bold]deploy[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), console=Console(stderr=True), transient=True, disable=not progress)
-    try:
-        with bar:
-            task = bar.add_task("embeddings", total=2 + 4 * dims.num_layer)
-            embed = pad_vocab(conv.matrix(f"{arch.embed}.weight", dims.vocab, h), cfg.padded_vocab_size)
-            norm = conv.vector(f"{arch.final_norm}.weight", h)
-            output = None
-            if not dims.tie_word_embeddings:
-                output = pad_vocab(conv.matrix(f"{arch.lm_head}.weight", dims.vocab, h), cfg.padded_vocab_size)
-            for r in range(tp):
-                put(r, {"tok_embeddings.weight": embed, "norm.weight": norm})
-                if output is not None:
-                    put(r, {"output.weight": output})
-            del embed, output
-            bar.advance(task, 2)
-            for i in range(dims.num_layer):
-                src, dst = f"{arch.layers}.{i}.", f"layers.{i}."
-                conv.check_no_extra_bias(src)
-                bar.update(task, description=f"layer {i} attention")
-                qn, kvn = dims.head_num * d, dims.kv_head_num * d
-                q, k, v = (conv.linear(src + m, n, h) for m, n in ((arch.q, qn), (arch.k, kvn), (arch.v, kvn)))
-                biases = None
-                if dims.qkv_bias:
-                    biases = (conv.vector(f"{src}{arch.q}.bias", qn), conv.vector(f"{src}{arch.k}.bias", kvn),
-                              conv.vector(f"{src}{arch.v}.bias", kvn))
-                attn_norm = conv.vector(f"{src}{arch.attn_norm}.weight", h)
-                for r in range(tp):
-                    put(r, {f"{dst}attention_norm.weight": attn_norm})
-                    put(r, qkv_rank(q, k, v, dims, tp, r).tensors(f"{dst}attention.w_qkv"))
-                    if biases is not None:
-                        put(r, {f"{dst}attention.w_qkv.bias": qkv_bias_rank(*biases, dims, tp, r)})
-                del q, k, v
-                bar.advance(task)
-                bar.update(task, description=f"layer {i} wo")
-                wo = conv.linear(src + arch.o, h, qn)
-                for r in range(tp):
-                    put(r, row_rank(wo, tp, r).tensors(f"{dst}attention.wo"))
-                del wo
-                bar.advance(task)
-                bar.update(task, description=f"layer {i} w13")
-                gate, up = conv.linear(src + arch.gate, dims.inter, h), conv.linear(src + arch.up, dims.inter, h)
-                ffn_norm = conv.vector(f"{src}{arch.mlp_norm}.weight", h)
-                for r in range(tp):
-                    put(r, {f"{dst}ffn_norm.weight": ffn_norm})
-                    put(r, w13_rank(gate, up, tp, r).tensors(f"{dst}feed_forward.w13"))
-                del gate, up
-                bar.advance(task)
-                bar.update(task, description=f"layer {i} w2")
-                w2 = conv.linear(src + arch.down, h, dims.inter)
-                for r in range(tp):
-                    put(r, row_rank(w2, tp, r).tensors(f"{dst}feed_forward.w2"))
-                bar.advance(task)
-        for writer in writers:
-            writer.close()
-    except BaseException:
-        for writer in writers:
-            writer.abort()
-        raise
-    return sum(rank_tensors)
-
-
-def _mkparent(path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return path
-

@@ -1,0 +1,155 @@
+"""Source tensors (HF names) -> `model.rank{r}.safetensors` (workspace names), one decoder layer at a time.
+
+Each source linear is read once (an AWQ one unpacked once with `awq_to_engine`), then every rank's slice is cut from
+it and streamed to that rank's file; only one layer's tensors are alive at a time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from lmd.arch import ArchSpec
+from lmd.deploy.config_from_hf import ModelDims
+from lmd.deploy.safetensors_stream import SafetensorsStreamWriter
+from lmd.deploy.source_weights import TensorReader
+from lmd.deploy.tp_split import FloatLinear, Int4Linear, Linear, pad_vocab, qkv_bias_rank, qkv_rank, row_rank, w13_rank
+from lmd.deploy.workspace_config import WorkspaceConfig, rank_weights_path
+from lmd.errors import LmdError
+from lmd.turbomind.kernels.w4a16_layout import awq_to_engine
+
+
+def cast_checked(tensor: torch.Tensor, dtype: torch.dtype, name: str, where: str) -> torch.Tensor:
+    """Cast, refusing values that fp16 cannot hold (bf16 / fp32 sources); one min/max pass, no temporaries."""
+    if dtype == torch.float16 and tensor.dtype in (torch.float32, torch.bfloat16) and tensor.numel():
+        low, high = torch.aminmax(tensor)
+        if max(-float(low), float(high)) > torch.finfo(torch.float16).max:
+            raise LmdError(f"{where}: tensor {name} has values beyond float16's range; deploy with --dtype bfloat16")
+    return tensor.to(dtype)
+
+
+class WeightWriter:
+    def __init__(self, workspace: Path, reader: TensorReader, arch: ArchSpec, cfg: WorkspaceConfig, dims: ModelDims,
+                 dtype: torch.dtype) -> None:
+        self.reader, self.arch, self.cfg, self.dims, self.dtype = reader, arch, cfg, dims, dtype
+        self.tp = cfg.tensor_para_size
+        rank_weights_path(workspace, 0).parent.mkdir(parents=True, exist_ok=True)
+        self.files = [SafetensorsStreamWriter(rank_weights_path(workspace, r),
+                                              {"format": "pt", "rank": str(r), "tensor_para_size": str(self.tp)})
+                      for r in range(self.tp)]
+        self.num_tensors = 0
+
+    # -- reading ---------------------------------------------------------------------------------------------------
+    def vector(self, name: str, size: int) -> torch.Tensor:
+        return cast_checked(self.reader.get(name, (size,)), self.dtype, name, self.reader.where)
+
+    def matrix(self, name: str, rows: int, cols: int) -> torch.Tensor:
+        return cast_checked(self.reader.get(name, (rows, cols)), self.dtype, name, self.reader.where)
+
+    def linear(self, module: str, n: int, k: int) -> Linear:
+        """W [n, k] as a float linear, or the AWQ tensors of the module repacked into the engine's int4 layout."""
+        if self.cfg.weight_type != "int4":
+            return FloatLinear(self.matrix(f"{module}.weight", n, k))
+        g, where = self.cfg.group_size, self.reader.where
+        if self.reader.has(f"{module}.weight") and not self.reader.has(f"{module}.qweight"):
+            raise LmdError(f"{where}: {module} is not quantized (it has .weight, not .qweight); "
+                           "lmd deploy needs every q/k/v/o/gate/up/down linear in AWQ int4")
+        if n % 8 or k % g:
+            raise LmdError(f"{where}: {module} is [{n}, {k}]; AWQ needs N % 8 == 0 and K % {g} == 0")
+        qweight = self.reader.get(f"{module}.qweight", (k, n // 8))
+        qzeros = self.reader.get(f"{module}.qzeros", (k // g, n // 8))
+        scales = self.reader.get(f"{module}.scales", (k // g, n))
+        return Int4Linear(*awq_to_engine(qweight, qzeros, scales, g, self.dtype))
+
+    # -- writing ---------------------------------------------------------------------------------------------------
+    def put(self, rank: int, tensors: dict[str, torch.Tensor]) -> None:
+        for name, tensor in tensors.items():
+            self.files[rank].add(name, tensor)
+            self.num_tensors += 1
+
+    def put_all_ranks(self, tensors: dict[str, torch.Tensor]) -> None:
+        for rank in range(self.tp):
+            self.put(rank, tensors)
+
+    def write_embeddings(self) -> None:
+        arch, dims, rows = self.arch, self.dims, self.cfg.padded_vocab_size
+        self.put_all_ranks({"tok_embeddings.weight": pad_vocab(self.matrix(f"{arch.embed}.weight", dims.vocab,
+                                                                           dims.hidden), rows),
+                            "norm.weight": self.vector(f"{arch.final_norm}.weight", dims.hidden)})
+        if not dims.tie_word_embeddings:
+            output = self.matrix(f"{arch.lm_head}.weight", dims.vocab, dims.hidden)
+            self.put_all_ranks({"output.weight": pad_vocab(output, rows)})
+
+    def write_attention(self, i: int) -> None:
+        arch, dims, h = self.arch, self.dims, self.dims.hidden
+        src, dst = f"{arch.layers}.{i}.", f"layers.{i}."
+        self._check_no_extra_bias(src)
+        qn, kvn = dims.head_num * dims.head_dim, dims.kv_head_num * dims.head_dim
+        q, k, v = (self.linear(src + m, n, h) for m, n in ((arch.q, qn), (arch.k, kvn), (arch.v, kvn)))
+        bias = None
+        if dims.qkv_bias:
+            bias = tuple(self.vector(f"{src}{m}.bias", n) for m, n in ((arch.q, qn), (arch.k, kvn), (arch.v, kvn)))
+        self.put_all_ranks({f"{dst}attention_norm.weight": self.vector(f"{src}{arch.attn_norm}.weight", h)})
+        for r in range(self.tp):
+            self.put(r, qkv_rank(q, k, v, dims, self.tp, r).tensors(f"{dst}attention.w_qkv"))
+            if bias is not None:
+                self.put(r, {f"{dst}attention.w_qkv.bias": qkv_bias_rank(*bias, dims, self.tp, r)})
+        del q, k, v
+        wo = self.linear(src + arch.o, h, qn)
+        for r in range(self.tp):
+            self.put(r, row_rank(wo, self.tp, r).tensors(f"{dst}attention.wo"))
+
+    def write_mlp(self, i: int) -> None:
+        arch, dims, h = self.arch, self.dims, self.dims.hidden
+        src, dst = f"{arch.layers}.{i}.", f"layers.{i}."
+        self.put_all_ranks({f"{dst}ffn_norm.weight": self.vector(f"{src}{arch.mlp_norm}.weight", h)})
+        gate, up = self.linear(src + arch.gate, dims.inter, h), self.linear(src + arch.up, dims.inter, h)
+        for r in range(self.tp):
+            self.put(r, w13_rank(gate, up, self.tp, r).tensors(f"{dst}feed_forward.w13"))
+        del gate, up
+        w2 = self.linear(src + arch.down, h, dims.inter)
+        for r in range(self.tp):
+            self.put(r, row_rank(w2, self.tp, r).tensors(f"{dst}feed_forward.w2"))
+
+    def _check_no_extra_bias(self, prefix: str) -> None:
+        for module in (self.arch.o, self.arch.gate, self.arch.up, self.arch.down):
+            if self.reader.has(f"{prefix}{module}.bias"):
+                raise LmdError(f"{self.reader.where}: {prefix}{module}.bias is not supported by the workspace format "
+                               "(only the fused QKV may have a bias)")
+
+    def close(self) -> None:
+        for file in self.files:
+            file.close()
+
+    def abort(self) -> None:
+        for file in self.files:
+            file.abort()
+
+
+def write_weights(workspace: Path, reader: TensorReader, arch: ArchSpec, cfg: WorkspaceConfig, dims: ModelDims,
+                  dtype: torch.dtype, progress: bool) -> int:
+    """Write every rank file; returns the number of tensors written (all ranks together)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    writer = WeightWriter(workspace, reader, arch, cfg, dims, dtype)
+    bar = Progress(TextColumn("[bold]deploy[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), console=Console(stderr=True), transient=True, disable=not progress)
+    try:
+        with bar:
+            task = bar.add_task("embeddings", total=1 + 2 * dims.num_layer)
+            writer.write_embeddings()
+            bar.advance(task)
+            for i in range(dims.num_layer):
+                bar.update(task, description=f"layer {i} attention")
+                writer.write_attention(i)
+                bar.advance(task)
+                bar.update(task, description=f"layer {i} mlp")
+                writer.write_mlp(i)
+                bar.advance(task)
+        writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    return writer.num_tensors
