@@ -1,0 +1,86 @@
+"""quantize_model end to end on tiny models: AWQ beats RTN where activations have outliers; config errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lmd.arch import decoder_layers, get_arch
+from lmd.errors import LmdError
+from lmd.lite.awq import AwqConfig, check_group_size, quantize_model
+from lmd.lite.quantizer import fake_quantize
+from tests.conftest import build_tiny_model
+
+
+def _load(path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path).eval()
+
+
+def _ids(n: int, length: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, 49152, (n, length), generator=torch.Generator().manual_seed(seed))
+
+
+def _with_outlier_channels(model) -> None:
+    """A few hidden channels 30x larger after every norm: the activation outliers AWQ is designed for."""
+    generator = torch.Generator().manual_seed(7)
+    for layer in decoder_layers(model, model.config):
+        for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+            channels = torch.randperm(norm.weight.shape[0], generator=generator)[:4]
+            norm.weight.data[channels] *= 30.0
+
+
+def _final_hidden(model, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(ids, output_hidden_states=True).hidden_states[-1]
+
+
+@pytest.fixture(scope="module")
+def outlier_model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("outliers")
+    model = _load(build_tiny_model(path, "llama"))
+    _with_outlier_channels(model)
+    model.save_pretrained(path)
+    return path
+
+
+def test_awq_output_error_is_lower_than_rtn(outlier_model):
+    calib, held_out = _ids(8, 64, seed=0), _ids(4, 64, seed=1)
+    reference = _final_hidden(_load(outlier_model), held_out)
+    errors = {}
+    for name, config in {"rtn": AwqConfig(group_size=32, search_scale=False, clip=False),
+                         "awq": AwqConfig(group_size=32, batch_size=4)}.items():
+        model = _load(outlier_model)
+        quantize_model(model, calib, config)
+        errors[name] = float((_final_hidden(model, held_out) - reference).pow(2).mean())
+    assert errors["awq"] < 0.8 * errors["rtn"], errors
+
+
+def test_rtn_path_is_plain_round_to_nearest(tiny_llama):
+    model, original = _load(tiny_llama), _load(tiny_llama)
+    quantized = quantize_model(model, _ids(2, 16, seed=0), AwqConfig(group_size=64, search_scale=False, clip=False))
+    arch = get_arch(model.config)
+    assert len(quantized) == len(arch.linears) * model.config.num_hidden_layers
+    for (name, param), (_, before) in zip(model.named_parameters(), original.named_parameters(), strict=True):
+        if name.removesuffix(".weight") in quantized:
+            torch.testing.assert_close(param, fake_quantize(before, 64), rtol=0, atol=0)
+            torch.testing.assert_close(quantized[name.removesuffix(".weight")].dequantize(), param, rtol=0, atol=0)
+        else:
+            assert torch.equal(param, before), name
+
+
+def test_group_size_that_does_not_divide_names_the_layer_and_the_sizes_that_fit(tmp_path):
+    model = _load(build_tiny_model(tmp_path / "m", "llama", hidden_size=96, intermediate_size=192,
+                                   num_attention_heads=4, num_key_value_heads=2))
+    with pytest.raises(LmdError, match=r"model\.layers\.0\.self_attn\.q_proj has 96 input channels.*"
+                                       r"use --w-group-size 32"):
+        check_group_size(model, get_arch(model.config), 64)
+
+
+@pytest.mark.parametrize("kwargs,match", [({"w_bits": 8}, "--w-bits 8"), ({"group_size": 100}, "--w-group-size 100"),
+                                          ({"duo_scaling": "maybe"}, "--duo-scaling"),
+                                          ({"batch_size": 0}, "--batch-size")])
+def test_config_errors(kwargs, match):
+    with pytest.raises(LmdError, match=match):
+        AwqConfig(**kwargs)
