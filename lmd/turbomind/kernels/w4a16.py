@@ -117,6 +117,9 @@ def candidates(bucket: int, n: int, k: int, group: int, device: torch.device) ->
         for bn, bk8, warps in ((128, 8, 1), (256, 8, 2), (128, 16, 1), (256, 4, 1), (512, 4, 2)):
             for steps in (1, 2, 4, 8):
                 out.append(_gemv(bucket, k, bn, bk8, warps, steps))
+        for bn, bk8, warps in ((256, 2, 2), (256, 4, 1), (512, 2, 2), (128, 8, 1)):
+            for steps in (8, 16):
+                out.append(_gemv(bucket, k, bn, bk8, warps, steps))
         for bn, bk8, warps in ((256, 2, 2), (128, 8, 1)):
             for steps, stages in ((8, 2), (16, 3)):
                 out.append(_gemv(bucket, k, bn, bk8, warps, steps, stages))

@@ -47,14 +47,20 @@ def nibble_as_act(q, shift, dtype: tl.constexpr):
 
 
 @triton.jit
-def _nibble_dots_step(acc, x_ptr, qw_ptr, s_ptr, z_ptr, offs_m, offs_n, m_mask, n_mask, step, N, K,
+def _packed_tile(qw_ptr, step, offs_n, n_mask, N, row_end, BLOCK_K: tl.constexpr):
+    rows = step * (BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
+    mask = (rows < row_end)[:, None] & n_mask[None, :]
+    return tl.load(qw_ptr + rows[:, None] * N + offs_n[None, :], mask=mask, other=0)
+
+
+@triton.jit
+def _nibble_dots_step(acc, q, x_ptr, s_ptr, z_ptr, offs_m, offs_n, m_mask, n_mask, step, N, K,
                       GROUP: tl.constexpr, BLOCK_K: tl.constexpr):
-    """One K step as 8 dots, one per nibble: packed rows are loaded once (no 8x re-read), and dot i pairs the
+    """One K step as 8 dots, one per nibble: packed rows q are loaded once (no 8x re-read), and dot i pairs the
     weights of k = 8r + i with the activation columns 8r + i (a strided, cache-served load of the small x)."""
     rows = step * (BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
     r_mask = rows < K // 8
     w_mask = r_mask[:, None] & n_mask[None, :]
-    q = tl.load(qw_ptr + rows[:, None] * N + offs_n[None, :], mask=w_mask, other=0)
     x_off = offs_m[:, None] * K + (rows * 8)[None, :]
     x_mask = m_mask[:, None] & r_mask[None, :]
     dtype = x_ptr.dtype.element_ty
@@ -97,9 +103,14 @@ def _gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr
     first = pid_k * per_split
     last = tl.minimum(first + per_split, steps)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if NIBBLE_DOTS:  # packed rows double-buffered in registers: the next tile loads during this one's dots
+        row_end = tl.minimum(last * (BLOCK_K // 8), K // 8)
+        q_next = _packed_tile(qw_ptr, first, offs_n, n_mask, N, row_end, BLOCK_K)
     for step in range(first, last):
         if NIBBLE_DOTS:
-            acc = _nibble_dots_step(acc, x_ptr, qw_ptr, s_ptr, z_ptr, offs_m, offs_n, m_mask, n_mask, step, N, K,
+            q = q_next
+            q_next = _packed_tile(qw_ptr, step + 1, offs_n, n_mask, N, row_end, BLOCK_K)
+            acc = _nibble_dots_step(acc, q, x_ptr, s_ptr, z_ptr, offs_m, offs_n, m_mask, n_mask, step, N, K,
                                     GROUP, BLOCK_K)
         else:
             ks = step * BLOCK_K + offs_k

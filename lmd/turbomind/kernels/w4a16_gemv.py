@@ -53,6 +53,12 @@ def nibble_as_unit_float(q, i: tl.constexpr):
 
 
 @triton.jit
+def _packed_rows(qw_ptr, rows, offs_n, n_mask, N, row_end):
+    mask = (rows < row_end)[:, None] & n_mask[None, :]
+    return tl.load(qw_ptr + rows[:, None] * N + offs_n[None, :], mask=mask, other=0, eviction_policy="evict_first")
+
+
+@triton.jit
 def _row_step(x_ptr, x_off, x_mask, f, i: tl.constexpr, dot, xs):
     xi = tl.load(x_ptr + x_off + i, mask=x_mask, other=0.0).to(tl.float32)
     return dot + xi[:, None] * f, xs + xi
@@ -81,11 +87,16 @@ def _gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr
     acc1 = tl.zeros([BLOCK_K8, BLOCK_N], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_K8, BLOCK_N], dtype=tl.float32)
     acc3 = tl.zeros([BLOCK_K8, BLOCK_N], dtype=tl.float32)
+    # the next step's packed rows are loaded before this step's math (a register double buffer): with one warp per
+    # program, nothing else would overlap the FMAs with the memory latency
+    row_end = tl.minimum(last * BLOCK_K8, k8)  # end of this program's slice
+    q_next = _packed_rows(qw_ptr, first * BLOCK_K8 + offs_r, offs_n, n_mask, N, row_end)
     for step in range(first, last):
         rows = step * BLOCK_K8 + offs_r
         r_mask = rows < k8
         w_mask = r_mask[:, None] & n_mask[None, :]
-        q = tl.load(qw_ptr + rows[:, None] * N + offs_n[None, :], mask=w_mask, other=0, eviction_policy="evict_first")
+        q = q_next
+        q_next = _packed_rows(qw_ptr, rows + BLOCK_K8, offs_n, n_mask, N, row_end)
         if GROUP % (8 * BLOCK_K8) == 0:  # one group row per step
             g = (step * BLOCK_K8 * 8) // GROUP
             s = tl.load(s_ptr + g * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
