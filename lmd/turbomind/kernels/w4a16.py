@@ -140,6 +140,10 @@ def candidates(bucket: int, n: int, k: int, group: int, device: torch.device) ->
                                   (128, 64, 128, 8), (128, 128, 32, 8), (256, 64, 64, 4), (128, 32, 128, 4)):
             if bm <= max(bucket, 64):
                 out.append(GemmConfig(bm, bn, bk, 1, 8, warps, 1))
+        for bm, bn, bk, warps, stages in ((64, 64, 64, 4, 3), (64, 128, 64, 4, 3), (128, 64, 64, 4, 3),
+                                          (128, 128, 64, 8, 3), (64, 64, 128, 4, 2)):
+            if bm <= max(bucket, 64):
+                out.append(GemmConfig(bm, bn, bk, 1, 8, warps, stages))
     if bucket >= 256:
         out.append(DequantConfig())
         out.append(DequantConfig(block_k8=8, block_n=256, num_warps=8))
