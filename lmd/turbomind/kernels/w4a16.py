@@ -144,7 +144,7 @@ def candidates(bucket: int, n: int, k: int, group: int, device: torch.device) ->
                                           (128, 128, 64, 8, 3), (64, 64, 128, 4, 2)):
             if bm <= max(bucket, 64):
                 out.append(GemmConfig(bm, bn, bk, 1, 8, warps, stages))
-    if bucket >= 256:
+    if bucket >= 128:
         out.append(DequantConfig())
         out.append(DequantConfig(block_k8=8, block_n=256, num_warps=8))
     return list(dict.fromkeys(out))
