@@ -1,14 +1,15 @@
 """W4A16 linear: the one dispatch point the engine calls, y = x @ dequant(W).T (+ bias).
 
 On CUDA tensors with Triton present (or under TRITON_INTERPRET=1) the token count M picks a plan per bucket
-(M rounded up to a power of two):
-    one token   -> split-K GEMV on CUDA cores          (w4a16_gemv)
-    small M     -> split-K tensor-core GEMM            (w4a16_gemm, SPLIT_K > 1)
-    medium M    -> tiled tensor-core GEMM              (w4a16_gemm, SPLIT_K = 1)
-    large M     -> Triton dequant, then cuBLAS         (w4a16_dequant)
-On a GPU the plan of each (bucket, N, K, group, dtype) is autotuned once by timing the candidates and cached;
-`prewarm` does this for every bucket up to max_m, compiles the kernels and grows the split-K workspace, so that a
-CUDA graph capture afterwards never tunes, compiles or allocates. Elsewhere the PyTorch reference runs.
+(M rounded up to a power of two); the candidates per bucket are
+    M <= 4      -> split-K GEMV on CUDA cores          (w4a16_gemv)
+    M <= 128    -> split-K tensor-core GEMM            (w4a16_gemm, SPLIT_K > 1; plain or nibble-dot)
+    M >= 32     -> tiled tensor-core GEMM              (w4a16_gemm, SPLIT_K = 1)
+    M >= 128    -> Triton dequant, then cuBLAS         (w4a16_dequant)
+and the measured fastest wins (H200 figures: docs/benchmarks.md). fp16/bf16 activations; other dtypes, CPU tensors
+and machines without Triton take the PyTorch reference. On a GPU the plan of each (bucket, N, K, group, dtype) is
+autotuned once by timing the candidates and cached; `prewarm` does this for every bucket up to max_m, compiles the
+kernels and grows the split-K workspace, so that a CUDA graph capture afterwards never tunes, compiles or allocates.
 """
 
 from __future__ import annotations
