@@ -100,3 +100,20 @@ def dequantized_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
         elif not name.endswith((".qzeros", ".scales")):
             state[name] = tensor.to(torch.float32) if tensor.is_floating_point() else tensor
     return state
+
+
+def load_awq_as_float(model_dir: Path, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """An AutoAWQ gemm directory as a plain float causal LM with the dequantized weights (evaluation, tests)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_dir)
+    config.quantization_config = None
+    del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    state = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in dequantized_state_dict(model_dir).items()}
+    missing = set(model.load_state_dict(state, strict=False).missing_keys)
+    tied = {f"{get_arch(config).lm_head}.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+    if missing - tied:
+        raise ValueError(f"{model_dir}: tensors missing from {WEIGHTS_FILE}: {sorted(missing - tied)[:4]}")
+    model.tie_weights()
+    return model.eval()

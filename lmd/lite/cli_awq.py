@@ -41,6 +41,7 @@ def awq_command(
     eval_windows: int = typer.Option(4, "--eval-windows", help="Windows of the ppl report (0 = all)."),
     eval_seqlen: int = typer.Option(2048, "--eval-seqlen", help="Tokens per ppl window."),
     no_eval: bool = typer.Option(False, "--no-eval", help="Skip the ppl report."),
+    no_eval_fp: bool = typer.Option(False, "--no-eval-fp", help="Skip only the float baseline of the ppl report."),
     data_dir: str | None = typer.Option(None, "--data-dir",
                                         help="Local data mirror laid out like ../shared/data (default $LMD_DATA_DIR)."),
     seed: int = typer.Option(0, "--seed", help="Calibration sampling seed."),
@@ -68,18 +69,23 @@ def awq_command(
     tokenizer = load_tokenizer(source)
     lm = load_causal_lm(source, dtype="float32", device="cpu")
     check_group_size(lm, arch, config.group_size)
-    calib = _calibration_set(calib_dataset, tokenizer, calib_samples, calib_seqlen, seed, data_dir)
-    eval_ids, eval_label = (None, "") if no_eval else _eval_ids(eval_dataset, tokenizer, data_dir)
     report: dict[str, Any] = {"model": source.display_name, "work_dir": work_dir, "method": config.method,
-                              **asdict(config), "calib_dataset": calib.dataset, "calib_split": calib.split,
-                              "calib_source": calib.source, "calib_samples": calib.nsamples,
-                              "calib_seqlen": calib.seqlen, "seed": seed}
-    if eval_ids is not None:
+                              **asdict(config)}
+    if config.method == "rtn":  # round-to-nearest reads no activations
+        input_ids = torch.zeros(0, dtype=torch.long)
+        report.update(calib_dataset="none", calib_split="", calib_samples=0, calib_seqlen=0)
+    else:
+        calib = _calibration_set(calib_dataset, tokenizer, calib_samples, calib_seqlen, seed, data_dir)
+        input_ids = calib.input_ids
+        report.update(calib_dataset=calib.dataset, calib_split=calib.split, calib_source=calib.source,
+                      calib_samples=calib.nsamples, calib_seqlen=calib.seqlen, seed=seed)
+    eval_ids, eval_label = (None, "") if no_eval else _eval_ids(eval_dataset, tokenizer, data_dir)
+    if eval_ids is not None and not no_eval_fp:
         report["fp_ppl"] = _ppl(lm, eval_ids, eval_seqlen, eval_windows, config.device, json_out).ppl
 
     start = time.perf_counter()
     with torch.no_grad():
-        quantized = _quantize_with_progress(lm, calib.input_ids, config, quiet=json_out)
+        quantized = _quantize_with_progress(lm, input_ids, config, quiet=json_out)
     report["quantize_seconds"] = round(time.perf_counter() - start, 1)
 
     if eval_ids is not None:
@@ -155,14 +161,17 @@ def _print_report(report: dict[str, Any]) -> None:
     table = Table(title=f"lmd awq: {report['method']} w4 g{report['group_size']}", show_header=False)
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
-    rows = [("model", report["model"]), ("output", report["work_dir"]),
-            ("calibration", f"{report['calib_dataset']} ({report['calib_split']}) "
-                            f"{report['calib_samples']} x {report['calib_seqlen']}"),
+    calib = (f"{report['calib_dataset']} ({report['calib_split']}) {report['calib_samples']} x {report['calib_seqlen']}"
+             if report["calib_samples"] else "none (RTN)")
+    rows = [("model", report["model"]), ("output", report["work_dir"]), ("calibration", calib),
             ("quantize time", f"{report['quantize_seconds']:.1f} s")]
-    if "fp_ppl" in report:
-        fp, q = report["fp_ppl"], report["int4_ppl"]
-        rows += [("eval", f"{report['eval_dataset']}, {report['eval_windows']} x {report['eval_seqlen']} tokens"),
-                 ("fp ppl", f"{fp:.4f}"), ("int4 ppl", f"{q:.4f} ({q - fp:+.4f})")]
+    if "int4_ppl" in report:
+        q = report["int4_ppl"]
+        rows.append(("eval", f"{report['eval_dataset']}, {report['eval_windows']} x {report['eval_seqlen']} tokens"))
+        if "fp_ppl" in report:
+            rows += [("fp ppl", f"{report['fp_ppl']:.4f}"), ("int4 ppl", f"{q:.4f} ({q - report['fp_ppl']:+.4f})")]
+        else:
+            rows.append(("int4 ppl", f"{q:.4f}"))
     for field, value in rows:
         table.add_row(field, value)
     Console().print(table)

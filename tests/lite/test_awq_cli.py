@@ -1,0 +1,70 @@
+"""`lmd awq` through the real CLI: a tiny model end to end, and every user error as one line without a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import build_tiny_model
+
+WIKI = Path(os.environ["LMD_DATA_DIR"]) / "wikitext-2-raw" / "wiki.valid.raw"
+
+
+def _lmd(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "lmd", "awq", *args], capture_output=True, text=True, env=os.environ)
+
+
+@pytest.fixture(scope="module")
+def calib_text(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "calib.txt"
+    path.write_text(WIKI.read_text(encoding="utf-8")[:30_000])
+    return path
+
+
+def test_cli_writes_an_awq_directory_and_reports_ppl(tiny_llama, calib_text, tmp_path):
+    out = tmp_path / "awq"
+    run = _lmd(str(tiny_llama), "--work-dir", str(out), "--w-group-size", "32", "--calib-dataset", str(calib_text),
+               "--calib-samples", "4", "--calib-seqlen", "64", "--batch-size", "2", "--eval-dataset", str(calib_text),
+               "--eval-windows", "1", "--eval-seqlen", "128", "--json")
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout)
+    assert report["method"] == "awq" and report["group_size"] == 32 and report["calib_samples"] == 4
+    assert report["int4_ppl"] > 0 and report["fp_ppl"] > 0 and report["eval_windows"] == 1
+    assert json.loads((out / "config.json").read_text())["quantization_config"]["group_size"] == 32
+    assert json.loads((out / "lmd_awq.json").read_text())["calib_seqlen"] == 64
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary directory left behind
+
+    again = _lmd(str(tiny_llama), "--work-dir", str(out), "--w-group-size", "32", "--no-eval")
+    assert again.returncode == 1 and "--force" in again.stderr and "Traceback" not in again.stderr
+
+
+def test_group_size_error_names_the_layer_and_the_fitting_sizes(tmp_path, calib_text):
+    model = build_tiny_model(tmp_path / "m", "llama", hidden_size=96, intermediate_size=192)
+    run = _lmd(str(model), "--work-dir", str(tmp_path / "out"), "--w-group-size", "64", "--no-eval",
+               "--calib-dataset", str(calib_text))
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert "model.layers.0.self_attn.q_proj has 96 input channels" in run.stderr
+    assert "--w-group-size 32" in run.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_unsupported_architecture_lists_the_supported_ones(tmp_path):
+    model = tmp_path / "gpt2"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    run = _lmd(str(model), "--work-dir", str(tmp_path / "out"))
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert "'gpt2' is not supported" in run.stderr and "llama, mistral, qwen2" in run.stderr
+
+
+@pytest.mark.parametrize("flags,message", [(["--w-bits", "8"], "--w-bits 8"),
+                                           (["--w-group-size", "96"], "--w-group-size 96"),
+                                           (["--duo-scaling", "sometimes"], "--duo-scaling")])
+def test_bad_flags_fail_before_loading_anything(tmp_path, flags, message):
+    run = _lmd(str(tmp_path / "does-not-matter"), "--work-dir", str(tmp_path / "out"), *flags)
+    assert run.returncode == 1 and message in run.stderr and "Traceback" not in run.stderr
