@@ -84,3 +84,18 @@ def test_group_size_that_does_not_divide_names_the_layer_and_the_sizes_that_fit(
 def test_config_errors(kwargs, match):
     with pytest.raises(LmdError, match=match):
         AwqConfig(**kwargs)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_awq_on_cuda_keeps_the_model_on_the_host_and_beats_rtn(outlier_model):
+    calib, held_out = _ids(8, 64, seed=0), _ids(4, 64, seed=1)
+    reference = _final_hidden(_load(outlier_model), held_out)
+    rtn = _load(outlier_model)
+    quantize_model(rtn, calib, AwqConfig(group_size=32, search_scale=False, clip=False))
+    model = _load(outlier_model)
+    quantized = quantize_model(model, calib, AwqConfig(group_size=32, batch_size=4, device="cuda"))
+    assert all(p.device.type == "cpu" for p in model.parameters())
+    assert all(q.codes.device.type == "cpu" for q in quantized.values())
+    awq_err = float((_final_hidden(model, held_out) - reference).pow(2).mean())
+    rtn_err = float((_final_hidden(rtn, held_out) - reference).pow(2).mean())
+    assert awq_err < 0.8 * rtn_err
