@@ -15,7 +15,8 @@ def deploy_command(
                                                    "mistral, base (no template) or hf (the tokenizer's own).")],
     model_path: Annotated[str, typer.Argument(help="HF model directory, AWQ checkpoint directory or .gguf file.")],
     model_format: Annotated[str | None, typer.Option(help="hf, awq or gguf; detected when left out.")] = None,
-    group_size: Annotated[int, typer.Option(help="int4 group size of an AWQ checkpoint (must match its config).")] = 128,
+    group_size: Annotated[int | None, typer.Option(help="int4 group size of an AWQ checkpoint; must match its "
+                                                        "config (default: the checkpoint's).")] = None,
     tp: Annotated[int, typer.Option(help="Tensor-parallel ranks to split the weights for (a power of two).")] = 1,
     dst_path: Annotated[str, typer.Option(help="Workspace directory to create.")] = "./workspace",
     tokenizer_path: Annotated[str | None, typer.Option(help="Tokenizer dir or .gguf (default: the model's).")] = None,

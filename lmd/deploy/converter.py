@@ -46,7 +46,7 @@ class DeployResult:
 
 
 def deploy(model_name: str, model_path: str, dst_path: str = "./workspace", model_format: str | None = None,
-           group_size: int = 128, tp: int = 1, tokenizer_path: str | None = None, dtype: str | None = None,
+           group_size: int | None = None, tp: int = 1, tokenizer_path: str | None = None, dtype: str | None = None,
            force: bool = False, progress: bool = True) -> Path:
     """Write the workspace and return its path (see `run_deploy` for the full result)."""
     return run_deploy(model_name, model_path, dst_path, model_format, group_size, tp, tokenizer_path, dtype, force,
@@ -54,7 +54,7 @@ def deploy(model_name: str, model_path: str, dst_path: str = "./workspace", mode
 
 
 def run_deploy(model_name: str, model_path: str, dst_path: str = "./workspace", model_format: str | None = None,
-               group_size: int = 128, tp: int = 1, tokenizer_path: str | None = None, dtype: str | None = None,
+               group_size: int | None = None, tp: int = 1, tokenizer_path: str | None = None, dtype: str | None = None,
                force: bool = False, progress: bool = True) -> DeployResult:
     start = time.perf_counter()
     template = get_chat_template(model_name)
@@ -65,10 +65,7 @@ def run_deploy(model_name: str, model_path: str, dst_path: str = "./workspace", 
     arch = get_arch(config)
     dims = ModelDims.from_config(config, where)
     model_dir = None if source.is_gguf else hub_model_dir(source)
-    if fmt == "awq":
-        check_awq_config(config, group_size, where)
-    else:
-        group_size = 0
+    group_size = check_awq_config(config, group_size, where) if fmt == "awq" else 0
     check_tp(tp, dims, group_size)
     compute = _compute_dtype(fmt, config, dtype)
     if fmt == "awq" and compute == torch.float32:

@@ -50,7 +50,8 @@ def detect_format(source: ModelSource, config: PretrainedConfig, requested: str 
     return found
 
 
-def check_awq_config(config: PretrainedConfig, group_size: int, where: str) -> None:
+def check_awq_config(config: PretrainedConfig, group_size: int | None, where: str) -> int:
+    """The checkpoint's group size; a --group-size that differs is an error (None: take the checkpoint's)."""
     qc = quant_config(config)
     bits = int(qc.get("bits", qc.get("w_bit", 4)))
     version = str(qc.get("version", "gemm")).lower()
@@ -59,9 +60,13 @@ def check_awq_config(config: PretrainedConfig, group_size: int, where: str) -> N
         raise LmdError(f"{where}/config.json: AWQ bits={bits} version={version} zero_point={zero_point}; "
                        "only 4-bit asymmetric 'gemm' checkpoints (lmd awq, AutoAWQ gemm) are supported")
     ckpt_group = int(qc.get("group_size", qc.get("q_group_size", -1)))
-    if ckpt_group != group_size:
+    if ckpt_group not in (32, 64, 128):
+        raise LmdError(f"{where}/config.json: quantization_config.group_size={ckpt_group}; "
+                       "the engine supports 32, 64 and 128")
+    if group_size is not None and ckpt_group != group_size:
         raise LmdError(f"--group-size {group_size} does not match {where}/config.json quantization_config.group_size="
-                       f"{ckpt_group}; pass --group-size {ckpt_group}")
+                       f"{ckpt_group}; pass --group-size {ckpt_group} or leave the flag out")
+    return ckpt_group
 
 
 class TensorReader:

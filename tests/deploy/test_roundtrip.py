@@ -164,3 +164,8 @@ def test_sharded_checkpoint_follows_its_index(tiny_models, tmp_path):
     (src / "model-00002-of-00002.safetensors").unlink()
     with pytest.raises(LmdError, match="shard model-00002-of-00002.safetensors named by model.safetensors.index.json"):
         deploy("mistral", str(src), str(tmp_path / "ws2"), progress=False)
+
+
+def test_awq_group_size_defaults_to_the_checkpoint(tiny_awq, tmp_path):
+    ws = deploy("base", str(tiny_awq("qwen2", 32)), str(tmp_path / "ws"), progress=False)
+    assert read_workspace_config(ws).group_size == 32
