@@ -28,8 +28,12 @@ class ScoringModel:
     max_positions: int | None = None
 
 
-def load_scoring_model(model: str, device: str = "cpu", dtype: str = "float32") -> ScoringModel:
-    """Build the scorer for MODEL (an HF model directory or a .gguf file)."""
+def load_scoring_model(model: str, device: str = "cpu", dtype: str = "float32", seqlen: int = 2048) -> ScoringModel:
+    """Build the scorer for MODEL (an HF model directory, a .gguf file, or a workspace scored through the engine)."""
+    from lmd.turbomind.workspace import is_workspace
+
+    if is_workspace(model):
+        return _workspace_scoring_model(model, device, dtype, seqlen)
     from lmd.eval.ppl import hf_window_scorer
     from lmd.model_source import load_causal_lm, load_config, load_tokenizer, resolve_model
 
@@ -41,8 +45,19 @@ def load_scoring_model(model: str, device: str = "cpu", dtype: str = "float32") 
                         getattr(config, "max_position_embeddings", None))
 
 
+def _workspace_scoring_model(workspace: str, device: str, dtype: str, seqlen: int) -> ScoringModel:
+    """Windows run through the engine's model in prefill chunks over its paged KV cache (config.ini's quant_policy,
+    weight type and block size apply); --dtype picks the compute dtype."""
+    from lmd.turbomind.window_scorer import engine_window_scorer, scoring_engine
+
+    engine = scoring_engine(workspace, seqlen, device=device, dtype={"float32": "fp32", "float16": "fp16",
+                                                                      "bfloat16": "bf16"}[dtype])
+    return ScoringModel(f"{workspace} (engine)", engine.tokenizer, engine_window_scorer(engine),
+                        engine.workspace.model.max_position_embeddings)
+
+
 def ppl_command(
-    model: str = typer.Argument(..., help="HF model directory or .gguf file."),
+    model: str = typer.Argument(..., help="HF model directory, .gguf file, or an lmd workspace (run by the engine)."),
     dataset: str = typer.Option("wikitext2", "--dataset",
                                 help="wikitext2, ptb, c4, pileval, pydoc, or a path (.txt/.raw/.jsonl/.json/.parquet "
                                      "or a directory of them)."),
@@ -69,10 +84,10 @@ def ppl_command(
     if dtype not in DTYPES:
         raise LmdError(f"--dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
     if not Path(model).expanduser().exists():
-        raise LmdError(f"model path {model} does not exist; give an HF model directory or a .gguf file")
+        raise LmdError(f"model path {model} does not exist; give an HF model directory, a .gguf file or a workspace")
     check_device(device)
     text = load_eval_text(dataset, split, data_dir)
-    scorer = load_scoring_model(model, device, dtype)
+    scorer = load_scoring_model(model, device, dtype, seqlen)
     if scorer.max_positions is not None and seqlen > scorer.max_positions:
         say(f"--seqlen {seqlen} exceeds the model's max_position_embeddings {scorer.max_positions}")
     caps = [n for n in (max_windows, text.max_windows) if n is not None]

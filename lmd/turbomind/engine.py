@@ -169,7 +169,8 @@ class Engine:
     def _finish(self, seq_id: int, reason: str | None) -> None:
         """Free everything of a request; `reason` set: also end its stream (abort, error)."""
         state = self._states.pop(seq_id)
-        self._seq_of.pop(state.request_id, None)
+        with self._cv:  # generate() checks request ids under the same lock
+            self._seq_of.pop(state.request_id, None)
         self.scheduler.finish(state.seq)
         if reason is not None:
             state.stream.put(state.final_delta(reason, state.stop_strings.flush()))

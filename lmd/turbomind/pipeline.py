@@ -15,10 +15,7 @@ from typing import Any
 from lmd.turbomind.engine import Engine, Prompt
 from lmd.turbomind.gen_config import GenerationConfig
 from lmd.turbomind.request_stream import Delta, Response
-
-
-def is_workspace(path: str | Path) -> bool:
-    return (Path(path).expanduser() / "triton_models" / "weights" / "config.ini").is_file()
+from lmd.turbomind.workspace import is_workspace
 
 
 class Pipeline:

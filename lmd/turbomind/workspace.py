@@ -90,6 +90,11 @@ class Workspace:
         return get_chat_template(self.model.model_name)
 
 
+def is_workspace(path: str | Path) -> bool:
+    """Does `path` look like an `lmd deploy` output (cheap: no torch, no file reads)?"""
+    return (Path(path).expanduser() / "triton_models" / "weights" / "config.ini").is_file()
+
+
 def open_workspace(path: str | Path, **overrides: Any) -> Workspace:
     """Read and validate a workspace; `overrides` are EngineConfig fields that replace config.ini's serving keys."""
     root = Path(path).expanduser()

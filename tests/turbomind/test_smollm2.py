@@ -106,3 +106,40 @@ def test_logits_match_hf(smol_ws, hf_model, prompt_ids, hf_outputs):
         worst = max(worst, (ours - ref).abs().max().item())
     print(f"max |logits - HF| = {worst:.3g}")
     assert worst < 1e-3
+
+
+def _wikitext_ids(tokenizer, n: int) -> torch.Tensor:
+    from lmd.calib_data import load_eval_text
+    from lmd.calib_data.tokenization import encode
+
+    return encode(tokenizer, load_eval_text("wikitext2", "test").text)[: n]
+
+
+def test_int4_engine_ppl_matches_dequantized_hf(smollm2_hf, tmp_path):
+    from lmd.deploy.converter import deploy
+    from lmd.eval.ppl import hf_window_scorer, perplexity
+    from lmd.turbomind.window_scorer import engine_window_scorer, scoring_engine
+    from tests.turbomind.awq_checkpoint import write_awq_checkpoint
+
+    reference = write_awq_checkpoint(smollm2_hf, tmp_path / "awq", group_size=64).eval()
+    ws = deploy("hf", str(tmp_path / "awq"), str(tmp_path / "ws"), group_size=64, dtype="float16", progress=False)
+    engine = scoring_engine(str(ws), seqlen=512, dtype="fp32", max_context_token_num=256)
+    ids = _wikitext_ids(engine.tokenizer, 1024)
+    ours = perplexity(engine_window_scorer(engine), ids, seqlen=512, progress=False).ppl
+    ref = perplexity(hf_window_scorer(reference), ids, seqlen=512, progress=False).ppl
+    print(f"int4 ppl: engine {ours:.4f} vs dequantized HF {ref:.4f}")
+    assert abs(ours - ref) / ref < 0.005
+
+
+def test_kv_int8_online_ppl_close_to_float_kv(smol_ws):
+    from lmd.eval.ppl import perplexity
+    from lmd.turbomind.window_scorer import engine_window_scorer, scoring_engine
+
+    float_kv = scoring_engine(str(smol_ws), seqlen=512)
+    ids = _wikitext_ids(float_kv.tokenizer, 1024)
+    base = perplexity(engine_window_scorer(float_kv), ids, seqlen=512, progress=False).ppl
+    int8 = scoring_engine(str(smol_ws), seqlen=512, quant_policy=4)
+    assert int8.runner.cache.k[0].dtype == torch.int8 and not int8.runner.kv_int8_static
+    ppl = perplexity(engine_window_scorer(int8), ids, seqlen=512, progress=False).ppl
+    print(f"KV int8 online ppl {ppl:.4f} vs float KV {base:.4f}")
+    assert abs(ppl - base) / base < 0.003
