@@ -84,7 +84,7 @@ def ppl_command(
     if dtype not in DTYPES:
         raise LmdError(f"--dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
     if not Path(model).expanduser().exists():
-        raise LmdError(f"model path {model} does not exist; give an HF model directory, a .gguf file or a workspace")
+        raise LmdError(f"model path {model} does not exist; give an HF model directory or a .gguf file")
     check_device(device)
     text = load_eval_text(dataset, split, data_dir)
     scorer = load_scoring_model(model, device, dtype, seqlen)
