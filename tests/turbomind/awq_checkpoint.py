@@ -50,3 +50,34 @@ def write_awq_checkpoint(src: Path, dst: Path, group_size: int) -> torch.nn.Modu
     config.save_pretrained(dst)
     AutoTokenizer.from_pretrained(src).save_pretrained(dst)
     return model
+
+
+def load_dequantized(awq_dir: Path) -> torch.nn.Module:
+    """An AWQ gemm checkpoint (any producer) as an fp32 HF model whose linears hold the dequantized weights."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from lmd.turbomind.kernels.w4a16_layout import unpack_awq_int32
+
+    config = AutoConfig.from_pretrained(awq_dir)
+    group = int(config.quantization_config["group_size"])
+    del config.quantization_config
+    state: dict[str, torch.Tensor] = {}
+    for file in sorted(Path(awq_dir).glob("*.safetensors")):
+        state.update(load_file(str(file)))
+    dense = {}
+    for name, tensor in state.items():
+        if name.endswith(".qweight"):
+            base = name[: -len(".qweight")]
+            codes = unpack_awq_int32(tensor).float()  # [K, N]
+            zeros = unpack_awq_int32(state[base + ".qzeros"]).float().repeat_interleave(group, 0)
+            scales = state[base + ".scales"].float().repeat_interleave(group, 0)
+            dense[base + ".weight"] = ((codes - zeros) * scales).t().contiguous()
+        elif not name.endswith((".qzeros", ".scales")):
+            dense[name] = tensor.float()
+    model = AutoModelForCausalLM.from_config(config).float()
+    missing, unexpected = model.load_state_dict(dense, strict=False)
+    assert not unexpected and all("lm_head" in m for m in missing), (missing, unexpected)
+    if config.tie_word_embeddings:
+        model.tie_weights()
+    return model.eval()
