@@ -31,10 +31,10 @@ def awq_command(
     batch_size: int = typer.Option(16, "--batch-size", help="Calibration sequences per forward."),
     no_search_scale: bool = typer.Option(False, "--no-search-scale", help="Skip the activation-aware scale search."),
     no_clip: bool = typer.Option(False, "--no-clip", help="Skip the weight clipping search (both off = plain RTN)."),
-    duo_scaling: str = typer.Option("auto", "--duo-scaling",
+    duo_scaling: str = typer.Option("on", "--duo-scaling",
                                     help="Scale candidates: on (x^a / w^(1-a), AutoAWQ), off (x^a, llm-awq), "
                                          "auto (both grids, lowest loss wins)."),
-    search_tokens: int = typer.Option(8192, "--search-tokens",
+    search_tokens: int = typer.Option(4096, "--search-tokens",
                                       help="Token rows the scale search re-runs each module on (0 = all); x_mean "
                                            "always uses every calibration token."),
     eval_dataset: str = typer.Option("wikitext2", "--eval-dataset", help="Data set of the fp-vs-int4 ppl report."),

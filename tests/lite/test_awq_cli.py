@@ -68,3 +68,16 @@ def test_unsupported_architecture_lists_the_supported_ones(tmp_path):
 def test_bad_flags_fail_before_loading_anything(tmp_path, flags, message):
     run = _lmd(str(tmp_path / "does-not-matter"), "--work-dir", str(tmp_path / "out"), *flags)
     assert run.returncode == 1 and message in run.stderr and "Traceback" not in run.stderr
+
+
+def test_cli_defaults_are_the_config_defaults():
+    import inspect
+
+    from lmd.lite.awq import AwqConfig
+    from lmd.lite.cli_awq import awq_command
+
+    params = inspect.signature(awq_command).parameters
+    config = AwqConfig()
+    for flag, field in (("w_bits", "w_bits"), ("w_group_size", "group_size"), ("duo_scaling", "duo_scaling"),
+                        ("search_tokens", "search_tokens"), ("batch_size", "batch_size"), ("device", "device")):
+        assert params[flag].default.default == getattr(config, field), flag
