@@ -4,7 +4,7 @@ Per channel (last dim) of every linear's input and every linear/norm's output: m
 all calibration tokens. Per decoder layer, keys after RoPE and values exactly as the KV cache would hold them: max,
 min, absmax per (kv head, head dim).
 
-Means are exact token means (float64 sums / token count), so they do not depend on how samples are batched
+Means are exact token means (float64 running sums / token count), so they do not depend on how samples are batched
 (LMDeploy averages per-batch means instead). Everything is exported as float32 on the CPU.
 
 Keys are rebuilt from k_proj's output with the `apply_rotary_pos_emb` of the layer's own modeling module and the
@@ -29,15 +29,50 @@ CHANNEL_STATS = ("max", "min", "mean", "absmax", "absmean")
 HEAD_STATS = ("max", "min", "absmax")
 
 
+class ChannelSummaries:
+    """Per-chunk reductions (max, min, sum, abs sum over rows) of a tensor [..., dim], computed once per tensor.
+
+    A norm's output is also the input of q/k/v (or gate/up), so several observers see the same tensor object; the
+    cache keeps the last few tensors alive and matches by identity, so a freed tensor's address is never reused.
+    Sums run as a [1, rows] x [rows, dim] GEMM: on CPU a column reduction (or a transposed GEMV) is several times slower.
+    """
+
+    def __init__(self, size: int = 4) -> None:
+        self.size = size
+        self._entries: list[tuple[torch.Tensor, int, tuple]] = []
+
+    def get(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        for tensor, version, summary in self._entries:
+            if tensor is x and version == x._version:  # _version moves on any in-place write
+                return summary
+        summary = self._compute(x)
+        self._entries = [(x, x._version, summary), *self._entries[: self.size - 1]]
+        return summary
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    @staticmethod
+    def _compute(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        import torch
+
+        flat = x.detach().reshape(-1, x.shape[-1])
+        if flat.dtype != torch.float32:
+            flat = flat.float()
+        ones = torch.ones(1, flat.shape[0], dtype=flat.dtype, device=flat.device)  # [1, rows] @ flat: a GEMM
+        return (flat.amax(0), flat.amin(0), (ones @ flat)[0].double(), (ones @ flat.abs())[0].double(),
+                flat.shape[0])
+
+
 class ChannelObserver:
     """Running per-channel statistics of tensors [..., dim]."""
 
-    def __init__(self, dim: int) -> None:
+    def __init__(self, dim: int, summaries: ChannelSummaries | None = None) -> None:
         self.dim = dim
         self.count = 0
+        self.summaries = summaries
         self._max: torch.Tensor | None = None
         self._min: torch.Tensor | None = None
-        self._absmax: torch.Tensor | None = None
         self._sum: torch.Tensor | None = None
         self._abssum: torch.Tensor | None = None
 
@@ -46,26 +81,24 @@ class ChannelObserver:
 
         if x.shape[-1] != self.dim:
             raise ValueError(f"observer expects last dim {self.dim}, got shape {tuple(x.shape)}")
-        flat = x.detach().reshape(-1, self.dim)
-        cur_max, cur_min = flat.amax(0).float(), flat.amin(0).float()
-        cur_absmax = torch.maximum(cur_max.abs(), cur_min.abs())
-        cur_sum = flat.sum(0, dtype=torch.float64)
-        cur_abssum = flat.abs().sum(0, dtype=torch.float64)
+        summary = self.summaries.get(x) if self.summaries is not None else ChannelSummaries._compute(x)
+        cur_max, cur_min, cur_sum, cur_abssum, rows = summary
         if self._max is None:
-            self._max, self._min, self._absmax, self._sum, self._abssum = (
-                cur_max, cur_min, cur_absmax, cur_sum, cur_abssum)
+            self._max, self._min, self._sum, self._abssum = cur_max, cur_min, cur_sum, cur_abssum
         else:
             self._max = torch.maximum(self._max, cur_max)
             self._min = torch.minimum(self._min, cur_min)
-            self._absmax = torch.maximum(self._absmax, cur_absmax)
             self._sum = self._sum + cur_sum
             self._abssum = self._abssum + cur_abssum
-        self.count += flat.shape[0]
+        self.count += rows
 
     def result(self) -> dict[str, torch.Tensor]:
+        import torch
+
         if self._max is None:
             raise RuntimeError("observer saw no data")
-        return {"max": self._max.cpu(), "min": self._min.cpu(), "absmax": self._absmax.cpu(),
+        return {"max": self._max.cpu(), "min": self._min.cpu(),
+                "absmax": torch.maximum(self._max.abs(), self._min.abs()).cpu(),
                 "mean": (self._sum / self.count).float().cpu(), "absmean": (self._abssum / self.count).float().cpu()}
 
 
@@ -132,6 +165,7 @@ class LayerHooks:
         self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
         self._handles: list[Any] = []
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._summaries = ChannelSummaries()
 
     def __enter__(self) -> LayerHooks:
         import torch.nn as nn
@@ -153,13 +187,16 @@ class LayerHooks:
             handle.remove()
         self._handles.clear()
         self._rope = None
+        self._summaries.clear()
 
     def _watch_input(self, module: nn.Module, name: str) -> None:
         obs = self.stats.inputs.setdefault(name, ChannelObserver(module.in_features))
+        obs.summaries = self._summaries
         self._handles.append(module.register_forward_pre_hook(lambda _m, args: obs.observe(args[0])))
 
     def _watch_output(self, module: nn.Module, name: str) -> None:
         obs = self.stats.outputs.setdefault(name, ChannelObserver(module.weight.shape[0]))
+        obs.summaries = self._summaries
         self._handles.append(module.register_forward_hook(lambda _m, _args, out: obs.observe(out)))
 
     def _watch_kv(self) -> None:
