@@ -26,10 +26,13 @@ def deploy_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON instead of a table.")] = False,
 ) -> None:
     """Convert a model into a TurboMind-style workspace (config.ini + per-rank safetensors + tokenizer)."""
-    from lmd.deploy.converter import run_deploy
+    from lmd.chat.templates import get_chat_template
 
+    get_chat_template(model_name)  # a typo in MODEL_NAME fails before torch is imported
     if dtype is not None and dtype not in ("float16", "bfloat16", "float32"):
         raise LmdError(f"--dtype {dtype} is unknown; use float16, bfloat16 or float32")
+    from lmd.deploy.converter import run_deploy
+
     result = run_deploy(model_name, model_path, dst_path, model_format, group_size, tp, tokenizer_path, dtype, force,
                         progress=not as_json)
     summary = {"dst_path": str(result.path), "model_name": result.model_name, "model_format": result.model_format,
