@@ -77,10 +77,14 @@ class Engine:
         """Queue a request; iterate the returned stream (`for` or `async for`) for its deltas."""
         config = gen_config or GenerationConfig()
         token_ids = self.encode(prompt, apply_chat_template)
+        if not token_ids:
+            raise LmdError("the prompt is empty; give text, messages or at least one token id")
         if len(token_ids) >= self.max_len:
             raise LmdError(f"the prompt has {len(token_ids)} tokens; this engine holds at most {self.max_len} "
                            "per session (session_len / KV cache); shorten it or raise session_len")
         with self._cv:
+            if self._stopping:
+                raise LmdError("the engine is closed; create a new one")
             seq = Sequence(self._next_seq_id, token_ids)
             self._next_seq_id += 1
             request_id = seq.seq_id if request_id is None else request_id
@@ -119,6 +123,7 @@ class Engine:
             self._cv.notify()
         if self._thread is not None:
             self._thread.join()
+        self._drain_inbox()  # requests queued but never admitted end with "abort" too
         for seq_id in list(self._states):
             self._finish(seq_id, "abort")
 

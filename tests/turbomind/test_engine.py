@@ -146,3 +146,14 @@ def test_prompt_longer_than_the_session_is_refused(tiny_llama_ws):
     engine = _engine(tiny_llama_ws[1], session_len=16)
     with pytest.raises(LmdError, match="session_len"):
         engine.generate(list(range(20)), GREEDY)
+
+
+def test_empty_prompt_and_closed_engine_are_refused_and_close_ends_streams(tiny_llama_ws):
+    engine = _engine(tiny_llama_ws[1])
+    with pytest.raises(LmdError, match="empty"):
+        engine.generate([], GREEDY)
+    pending = engine.generate(_prompts()[0], GREEDY)
+    engine.close()
+    assert pending.result().finish_reason == "abort" and engine.stats().blocks_used == 0
+    with pytest.raises(LmdError, match="closed"):
+        engine.generate(_prompts()[0], GREEDY)
