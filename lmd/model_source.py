@@ -100,12 +100,20 @@ def load_causal_lm(source: ModelSource, dtype: str = "float32", device: str = "c
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    # transformers' GGUF dequantization opens its own tqdm bar; TQDM_DISABLE silences it (stderr stays clean for --json)
+    previous = os.environ.get("TQDM_DISABLE")
+    os.environ["TQDM_DISABLE"] = "1"
     try:
         model = AutoModelForCausalLM.from_pretrained(
             source.name_or_dir, dtype=torch_dtype(dtype), low_cpu_mem_usage=True, **source.hf_kwargs()
         )
     except (OSError, ValueError, KeyError) as exc:
         raise LmdError(f"cannot load model {source.display_name}: {_first_line(exc)}") from exc
+    finally:
+        if previous is None:
+            os.environ.pop("TQDM_DISABLE", None)
+        else:
+            os.environ["TQDM_DISABLE"] = previous
     if source.is_gguf:
         make_serializable(model)
     return model.to(device).eval()
