@@ -48,8 +48,11 @@ def pack_codes_along_k(codes_kn: torch.Tensor) -> torch.Tensor:
     k, n = codes_kn.shape
     if k % PACK:
         raise ValueError(f"K={k} must be a multiple of {PACK} to pack int4 along K")
-    grouped = codes_kn.to(torch.int32).reshape(k // PACK, PACK, n).permute(0, 2, 1)  # [K/8, N, 8]
-    return _or_nibbles(grouped)
+    grouped = codes_kn.to(torch.int32).reshape(k // PACK, PACK, n)  # [K/8, 8, N]: slices stay contiguous along N
+    out = torch.zeros((k // PACK, n), dtype=torch.int32, device=codes_kn.device)
+    for i in range(PACK):
+        out |= grouped[:, i, :] << (4 * i)
+    return out
 
 
 def unpack_codes_along_k(qweight: torch.Tensor) -> torch.Tensor:
