@@ -100,6 +100,11 @@ def load_causal_lm(source: ModelSource, dtype: str = "float32", device: str = "c
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    if is_awq_checkpoint(source):
+        # transformers needs autoawq for these; lmd reads its own AutoAWQ-format output as dequantized float weights
+        from lmd.lite.awq_export import load_awq_as_float
+
+        return load_awq_as_float(Path(source.name_or_dir), torch_dtype(dtype)).to(device).eval()
     # transformers' GGUF dequantization opens its own tqdm bar; TQDM_DISABLE silences it (stderr stays clean for --json)
     previous = os.environ.get("TQDM_DISABLE")
     os.environ["TQDM_DISABLE"] = "1"
@@ -117,6 +122,20 @@ def load_causal_lm(source: ModelSource, dtype: str = "float32", device: str = "c
     if source.is_gguf:
         make_serializable(model)
     return model.to(device).eval()
+
+
+def is_awq_checkpoint(source: ModelSource) -> bool:
+    """An AutoAWQ "gemm" directory (lmd awq output or AutoAWQ's): quantization_config.quant_method == "awq"."""
+    import json
+
+    config_path = Path(source.name_or_dir) / "config.json"
+    if source.is_gguf or not config_path.is_file():
+        return False
+    try:
+        quant = json.loads(config_path.read_text()).get("quantization_config") or {}
+    except (OSError, ValueError) as exc:
+        raise LmdError(f"{config_path} is not valid JSON: {_first_line(exc)}") from exc
+    return quant.get("quant_method") == "awq"
 
 
 def make_serializable(model: PreTrainedModel) -> None:

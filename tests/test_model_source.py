@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,3 +49,22 @@ def test_hub_id_is_passed_through() -> None:
 def test_unknown_dtype() -> None:
     with pytest.raises(LmdError, match="unknown dtype"):
         torch_dtype("int3")
+
+
+def test_awq_directory_loads_as_its_dequantized_float_model(tiny_llama: Path, tmp_path: Path) -> None:
+    from lmd.lite.awq_export import load_awq_as_float
+    from lmd.model_source import is_awq_checkpoint
+
+    out = tmp_path / "awq"
+    proc = subprocess.run(
+        [sys.executable, "-m", "lmd", "awq", str(tiny_llama), "--work-dir", str(out),
+         "--w-group-size", "64", "--no-search-scale", "--no-clip", "--no-eval"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    source = resolve_model(out)
+    assert is_awq_checkpoint(source) and not is_awq_checkpoint(resolve_model(tiny_llama))
+    loaded = load_causal_lm(source)
+    reference = load_awq_as_float(out)
+    ids = torch.randint(0, 1000, (1, 16))
+    torch.testing.assert_close(loaded(ids).logits, reference(ids).logits, rtol=0, atol=0)
+    original = load_causal_lm(resolve_model(tiny_llama))
+    assert not torch.equal(loaded.model.layers[0].mlp.up_proj.weight, original.model.layers[0].mlp.up_proj.weight)
