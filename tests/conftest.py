@@ -54,6 +54,15 @@ def smollm2_tokenizer():
 
 
 @pytest.fixture(scope="session")
+def tokenizer():
+    """SmolLM2's tokenizer; tests that need it skip where the model file is absent."""
+    tok = smollm2_tokenizer()
+    if tok is None:
+        pytest.skip("SmolLM2 tokenizer not available")
+    return tok
+
+
+@pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"), "llama")
 

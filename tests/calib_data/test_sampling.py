@@ -14,17 +14,8 @@ from lmd.calib_data import CalibSet, get_calib_samples
 from lmd.calib_data.sources import load_rows
 from lmd.calib_data.tokenization import encode
 from lmd.errors import LmdError
-from tests.conftest import smollm2_tokenizer
 
 MIRROR = Path(os.environ["LMD_DATA_DIR"])
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    tok = smollm2_tokenizer()
-    if tok is None:
-        pytest.skip("SmolLM2 tokenizer not available")
-    return tok
 
 
 def _is_slice_of(window: torch.Tensor, stream: torch.Tensor) -> bool:

@@ -6,18 +6,9 @@ import pytest
 
 from lmd.chat.templates import TEMPLATE_NAMES, get_chat_template
 from lmd.errors import LmdError
-from tests.conftest import smollm2_tokenizer
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
         {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "2+2?"}]
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    tok = smollm2_tokenizer()
-    if tok is None:
-        pytest.skip("SmolLM2 tokenizer not available")
-    return tok
 
 
 def test_registry_names_and_unknown_name():

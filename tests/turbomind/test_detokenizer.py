@@ -5,7 +5,6 @@ import random
 import pytest
 
 from lmd.turbomind.detokenizer import IncrementalDetokenizer
-from tests.conftest import smollm2_tokenizer
 
 TEXTS = [
     "Hello, world! How are you today?",
@@ -15,14 +14,6 @@ TEXTS = [
     "  leading spaces,\ttabs\nand\n\nnewlines   trailing  ",
     "mixed 🎉中文é at the end 🚀",
 ]
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    tok = smollm2_tokenizer()
-    if tok is None:
-        pytest.skip("SmolLM2 tokenizer not available")
-    return tok
 
 
 def stream(tokenizer, prompt_ids: list[int], ids: list[int], skip_special_tokens: bool = True) -> list[str]:
