@@ -7,7 +7,6 @@ blocks, eos ids) live in the objects that compute them, never here.
 
 from __future__ import annotations
 
-import configparser
 import dataclasses
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -100,25 +99,24 @@ class EngineConfig:
             raise LmdError(f"dtype={self.dtype!r} is unknown; use auto, fp32, fp16 or bf16")
 
 
-_MODEL_KEYS = {f.name for f in fields(ModelConfig)} - {"end_ids"} | {"end_id"}
 _ENGINE_INI_KEYS = {f.name for f in fields(EngineConfig)} - {"device", "dtype", "tp_rank"}
 
 
 def read_config_ini(path: Path, overrides: dict[str, Any] | None = None) -> tuple[ModelConfig, EngineConfig]:
-    """Parse `[llama]` of config.ini; `overrides` replace serving keys (the EngineConfig fields) only."""
+    """Split `[llama]` of config.ini into model facts and serving keys; `overrides` replace serving keys only.
+
+    Parsing and validating the file is `lmd.deploy.workspace_config`'s job (the one definition of the format)."""
+    from lmd.deploy.workspace_config import read_workspace_config
+
     if not path.is_file():
         raise LmdError(f"{path} not found; is this a workspace written by `lmd deploy`?")
-    parser = configparser.ConfigParser()
-    parser.read(path)
-    if not parser.has_section("llama"):
-        raise LmdError(f"{path}: no [llama] section; redeploy the workspace with `lmd deploy`")
-    raw = dict(parser["llama"])
-    missing = sorted(_MODEL_KEYS - raw.keys())
-    if missing:
-        raise LmdError(f"{path}: missing keys {', '.join(missing)}; redeploy the workspace with `lmd deploy`")
-    model = ModelConfig(**{f.name: _convert(path, f.name, f.type, raw) for f in fields(ModelConfig)})
-    engine_kwargs = {f.name: _convert(path, f.name, f.type, raw) for f in fields(EngineConfig) if f.name in raw
-                     and f.name in _ENGINE_INI_KEYS}
+    ini = read_workspace_config(path.parents[2])
+    model_values = {f.name: getattr(ini, f.name) for f in fields(ModelConfig) if f.name != "end_ids"}
+    model_values.update(end_ids=ini.end_id, attn_bias=bool(ini.attn_bias),
+                        tie_word_embeddings=bool(ini.tie_word_embeddings))
+    model = ModelConfig(**model_values)
+    engine_kwargs: dict[str, Any] = {name: getattr(ini, name) for name in _ENGINE_INI_KEYS}
+    engine_kwargs["use_context_fmha"] = bool(ini.use_context_fmha)
     unknown = sorted(set(overrides or {}) - {f.name for f in fields(EngineConfig)})
     if unknown:
         raise LmdError(f"unknown engine option(s) {', '.join(unknown)}; "
@@ -130,19 +128,3 @@ def read_config_ini(path: Path, overrides: dict[str, Any] | None = None) -> tupl
 def replace_engine(config: EngineConfig, **changes: Any) -> EngineConfig:
     return dataclasses.replace(config, **changes)
 
-
-def _convert(path: Path, name: str, type_name: Any, raw: dict[str, str]) -> Any:
-    key = "end_id" if name == "end_ids" else name
-    value = raw[key].strip()
-    try:
-        if name == "end_ids":
-            return tuple(int(v) for v in value.split(",") if v.strip())
-        if type_name in ("int", int):
-            return int(float(value))
-        if type_name in ("float", float):
-            return float(value)
-        if type_name in ("bool", bool):
-            return value.lower() in ("1", "true", "yes")
-        return value
-    except ValueError:
-        raise LmdError(f"{path}: {key}={value!r} is not a valid {type_name}; fix or redeploy") from None
