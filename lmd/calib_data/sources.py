@@ -86,7 +86,7 @@ def load_rows(dataset: str, split: str, data_dir: str | os.PathLike[str] | None 
 def say(message: str) -> None:
     from rich.console import Console
 
-    Console(stderr=True).print(f"lmd: {message}", style="yellow", markup=False, highlight=False)
+    Console(stderr=True).print(f"lmd: {message}", style="yellow", markup=False, highlight=False, soft_wrap=True)
 
 
 def _candidates(split: str, available: tuple[str, ...]) -> list[str]:
