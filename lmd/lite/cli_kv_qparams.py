@@ -16,15 +16,18 @@ def kv_qparams_command(
     turbomind_dir: str = typer.Argument(..., help="workspace/triton_models/weights (or the workspace root)."),
     kv_bits: int = typer.Option(8, "--kv-bits", help="KV cache bits (only 8 is supported)."),
     kv_sym: bool = typer.Option(False, "--kv-sym", help="Symmetric: zero 0, scale absmax/127 (default asymmetric)."),
+    per_channel: bool = typer.Option(False, "--per-channel", help="One (scale, zero) per layer, KV head and head-dim "
+                                     "channel instead of per KV head (finer: RoPE'd key channels differ in range)."),
     num_tp: int = typer.Option(1, "--num-tp", help="Tensor-parallel ranks; must equal config.ini tensor_para_size."),
     force: bool = typer.Option(False, "--force", help="Overwrite existing kv_qparams.rank*.safetensors files."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON instead of a table."),
 ) -> None:
-    """Write kv_qparams.rank{r}.safetensors (per layer, per KV head) for the engine's int8 KV cache (quant_policy 4)."""
+    """Write kv_qparams.rank{r}.safetensors (per layer and KV head, or per channel) for KV int8 (quant_policy 4)."""
     from lmd.lite.kv_qparams import KVQParamsConfig, export_kv_qparams
 
     result = export_kv_qparams(KVQParamsConfig(work_dir=work_dir, turbomind_dir=turbomind_dir, kv_bits=kv_bits,
-                                               symmetric=kv_sym, num_tp=num_tp, force=force))
+                                               symmetric=kv_sym, num_tp=num_tp,
+                                               per_channel=per_channel, force=force))
     if json_out:
         typer.echo(json.dumps(result.to_json()))
     else:
@@ -35,7 +38,7 @@ def _print_table(result: KVQParamsResult) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    kind = "symmetric" if result.symmetric else "asymmetric"
+    kind = ("symmetric" if result.symmetric else "asymmetric") + (", per channel" if result.per_channel else ", per head")
     table = Table(title=f"KV int8 qparams ({kind})",
                   caption=f"{result.num_layers} layers × {result.kv_heads} kv heads, tp {result.num_tp}; "
                           "set quant_policy = 4 in config.ini to use them")

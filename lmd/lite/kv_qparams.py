@@ -1,8 +1,8 @@
 """`lmd kv-qparams`: static KV-cache int8 parameters from calibration stats, written into a workspace.
 
 Format (docs/workspace.md, `kv_qparams.rank{r}.safetensors`): fp32 `layers.{i}.{k,v}_{scale,zero}` of shape [Hkv / R]
-(this rank's KV heads, in head order), metadata `kv_bits`, `symmetric`, `num_tp`. Per layer and KV head, reducing the
-calibration stats over the head dim:
+(this rank's KV heads, in head order), or [Hkv / R, D] with `--per-channel`; metadata `kv_bits`, `symmetric`, `num_tp`,
+`granularity`. Per layer and KV head, reducing the calibration stats over the head dim (per channel: not reducing):
 
     asymmetric: zero = (min + max) / 2, scale = (max - min) / 255     q = clamp(round((x - zero) / scale), -128, 127)
     symmetric:  zero = 0,               scale = absmax / 127           x = q * scale + zero
@@ -34,6 +34,7 @@ class KVQParamsConfig:
     kv_bits: int = 8
     symmetric: bool = False
     num_tp: int = 1
+    per_channel: bool = False
     force: bool = False
 
     def __post_init__(self) -> None:
@@ -52,6 +53,7 @@ class KVQParamsResult:
     kv_heads: int
     num_tp: int
     symmetric: bool
+    per_channel: bool
     k_scale_range: tuple[float, float]
     v_scale_range: tuple[float, float]
     k_zero_range: tuple[float, float]
@@ -113,19 +115,24 @@ def layer_order(stats: dict[str, torch.Tensor], path: str) -> list[str]:
     return [name for _, name in indexed]
 
 
-def compute_qparams(stats: dict[str, dict[str, torch.Tensor]], symmetric: bool,
-                    kv_bits: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
-    """(scale, zero), each fp32 [num_layers, kv_heads], from one key_stats/value_stats dict."""
+def compute_qparams(stats: dict[str, dict[str, torch.Tensor]], symmetric: bool, kv_bits: int = 8,
+                    per_channel: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale, zero), each fp32 [num_layers, kv_heads] (or [num_layers, kv_heads, head_dim] per channel), from one
+    key_stats/value_stats dict of [kv_heads, head_dim] tensors per layer."""
     import torch
 
     names = layer_order(stats["max"], "stats")
+
+    def reduce(t: torch.Tensor, op: str) -> torch.Tensor:
+        return t.float() if per_channel else getattr(t.float(), op)(-1)
+
     if symmetric:
-        absmax = torch.stack([stats["absmax"][n].float().amax(-1) for n in names])
+        absmax = torch.stack([reduce(stats["absmax"][n], "amax") for n in names])
         scale = absmax / (2 ** (kv_bits - 1) - 1)
         zero = torch.zeros_like(scale)
     else:
-        hi = torch.stack([stats["max"][n].float().amax(-1) for n in names])
-        lo = torch.stack([stats["min"][n].float().amin(-1) for n in names])
+        hi = torch.stack([reduce(stats["max"][n], "amax") for n in names])
+        lo = torch.stack([reduce(stats["min"][n], "amin") for n in names])
         scale = (hi - lo) / (2 ** kv_bits - 1)
         zero = (hi + lo) / 2
     return scale.clamp(min=MIN_SCALE), zero
@@ -159,9 +166,10 @@ def export_kv_qparams(cfg: KVQParamsConfig) -> KVQParamsResult:
     existing = [t.name for t in sorted(weights_dir.glob("kv_qparams.rank*.safetensors"))]
     if existing and not cfg.force:
         raise LmdError(f"{weights_dir} already holds {', '.join(existing)}; pass --force to overwrite them")
-    k = compute_qparams(key_stats, cfg.symmetric, cfg.kv_bits)
-    v = compute_qparams(value_stats, cfg.symmetric, cfg.kv_bits)
-    metadata = {"kv_bits": str(cfg.kv_bits), "symmetric": "1" if cfg.symmetric else "0", "num_tp": str(cfg.num_tp)}
+    k = compute_qparams(key_stats, cfg.symmetric, cfg.kv_bits, cfg.per_channel)
+    v = compute_qparams(value_stats, cfg.symmetric, cfg.kv_bits, cfg.per_channel)
+    metadata = {"kv_bits": str(cfg.kv_bits), "symmetric": "1" if cfg.symmetric else "0", "num_tp": str(cfg.num_tp),
+                "granularity": "channel" if cfg.per_channel else "head"}
     calib_json = Path(cfg.work_dir).expanduser() / CALIB_JSON
     if calib_json.is_file():
         metadata["calibration"] = calib_json.read_text()
@@ -171,6 +179,7 @@ def export_kv_qparams(cfg: KVQParamsConfig) -> KVQParamsResult:
     return KVQParamsResult(
         weights_dir=str(weights_dir.resolve()), files=tuple(str(t.resolve()) for t in targets),
         num_layers=int(k[0].shape[0]), kv_heads=int(k[0].shape[1]), num_tp=cfg.num_tp, symmetric=cfg.symmetric,
+        per_channel=cfg.per_channel,
         k_scale_range=_range(k[0]), v_scale_range=_range(v[0]), k_zero_range=_range(k[1]), v_zero_range=_range(v[1]))
 
 

@@ -46,8 +46,8 @@ class KVCache:
             return
         if self.static is not None:
             s = self.static
-            k_flat.index_copy_(0, slots, kv_int8.quantize(k, s.k_scale[layer][:, None], s.k_zero[layer][:, None]))
-            v_flat.index_copy_(0, slots, kv_int8.quantize(v, s.v_scale[layer][:, None], s.v_zero[layer][:, None]))
+            k_flat.index_copy_(0, slots, kv_int8.quantize(k, s.k_scale[layer], s.k_zero[layer]))
+            v_flat.index_copy_(0, slots, kv_int8.quantize(v, s.v_scale[layer], s.v_zero[layer]))
             return
         for x, codes, params in ((k, k_flat, self.k_param[layer]), (v, v_flat, self.v_param[layer])):
             scale, zero = kv_int8.online_params(x)
@@ -62,8 +62,8 @@ class KVCache:
             return k, v
         if self.static is not None:
             s = self.static
-            return (kv_int8.dequantize(k, s.k_scale[layer][:, None], s.k_zero[layer][:, None], self.dtype),
-                    kv_int8.dequantize(v, s.v_scale[layer][:, None], s.v_zero[layer][:, None], self.dtype))
+            return (kv_int8.dequantize(k, s.k_scale[layer], s.k_zero[layer], self.dtype),
+                    kv_int8.dequantize(v, s.v_scale[layer], s.v_zero[layer], self.dtype))
         kp = self.k_param[layer][blocks].flatten(0, 1)[:length]
         vp = self.v_param[layer][blocks].flatten(0, 1)[:length]
         return (kv_int8.dequantize(k, kp[..., :1], kp[..., 1:], self.dtype),

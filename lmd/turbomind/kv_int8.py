@@ -2,7 +2,8 @@
 
     q = clamp(round((x - zero) / scale), -128, 127)        x ≈ q * scale + zero
 
-Static parameters (`lmd kv-qparams`, docs/workspace.md) are one (scale, zero) per layer and KV head. Online parameters
+Static parameters (`lmd kv-qparams`, docs/workspace.md) are one (scale, zero) per layer and KV head, or per layer, KV
+head and head-dim channel (`--per-channel`; keys after RoPE have a few wide channels). Online parameters
 are computed per token and head at write time, zero = (min + max) / 2, scale ≈ (max - min) / 255, and are stored in
 fp16 beside the codes; the codes are made with the fp16-rounded parameters so that dequantization is consistent.
 """
@@ -39,7 +40,8 @@ def online_params(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 @dataclass(frozen=True)
 class StaticKVParams:
-    """Per layer: k_scale, k_zero, v_scale, v_zero, each fp32 [Hkv]."""
+    """Per layer: k_scale, k_zero, v_scale, v_zero, each fp32 [Hkv, 1] (per head) or [Hkv, D] (per channel), so they
+    broadcast against [T, Hkv, D]."""
 
     k_scale: tuple[torch.Tensor, ...]
     k_zero: tuple[torch.Tensor, ...]
@@ -47,7 +49,7 @@ class StaticKVParams:
     v_zero: tuple[torch.Tensor, ...]
 
     @classmethod
-    def from_tensors(cls, tensors: dict[str, torch.Tensor], num_layers: int, kv_heads: int,
+    def from_tensors(cls, tensors: dict[str, torch.Tensor], num_layers: int, kv_heads: int, head_dim: int,
                      source: str) -> StaticKVParams:
         columns: dict[str, list[torch.Tensor]] = {"k_scale": [], "k_zero": [], "v_scale": [], "v_zero": []}
         for i in range(num_layers):
@@ -56,10 +58,10 @@ class StaticKVParams:
                 if key not in tensors:
                     raise LmdError(f"{source}: missing {key}; rerun `lmd kv-qparams` for this workspace")
                 t = tensors[key].float().reshape(-1)
-                if t.numel() != kv_heads:
-                    raise LmdError(f"{source}: {key} has {t.numel()} values, expected {kv_heads} (one per KV head); "
-                                   "rerun `lmd kv-qparams`")
-                column.append(t)
+                if t.numel() not in (kv_heads, kv_heads * head_dim):
+                    raise LmdError(f"{source}: {key} has {t.numel()} values, expected {kv_heads} (one per KV head) or "
+                                   f"{kv_heads * head_dim} (per KV head and channel); rerun `lmd kv-qparams`")
+                column.append(t.reshape(kv_heads, -1))
         if any((s <= 0).any() for s in columns["k_scale"] + columns["v_scale"]):
             raise LmdError(f"{source}: a scale is <= 0; rerun `lmd kv-qparams`")
         return cls(*(tuple(columns[n]) for n in ("k_scale", "k_zero", "v_scale", "v_zero")))

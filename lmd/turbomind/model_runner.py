@@ -51,6 +51,7 @@ class ModelRunner:
             tensors = ws.load_kv_qparams(str(self.device))
             if tensors is not None:
                 static = StaticKVParams.from_tensors(tensors, model_cfg.num_layer, model_cfg.kv_head_num,
+                                                     model_cfg.size_per_head,
                                                      str(ws.kv_qparams_file()))
         self.kv_int8_static = static is not None
         dims = (model_cfg.num_layer, self.block_size, model_cfg.kv_head_num, model_cfg.size_per_head)

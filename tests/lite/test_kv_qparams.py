@@ -79,6 +79,21 @@ def test_params_round_trip_calibrated_range_within_half_step(symmetric):
         assert torch.all((q * s + z - x).abs() <= s / 2 + 1e-5)
 
 
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_per_channel_keeps_the_head_dim_and_is_never_coarser(symmetric):
+    stats = _stats(3)
+    scale, zero = compute_qparams(stats, symmetric=symmetric, per_channel=True)
+    assert scale.shape == zero.shape == (LAYERS, KV_HEADS, HEAD_DIM)
+    head_scale, _ = compute_qparams(stats, symmetric=symmetric)
+    assert torch.all(scale <= head_scale[..., None] + 1e-7)
+    if symmetric:  # absmax per head is the max of the channels' absmax
+        assert torch.equal(scale.amax(-1), head_scale)
+    else:
+        hi, lo = stats["max"]["model.layers.1"], stats["min"]["model.layers.1"]
+        torch.testing.assert_close(scale[1], (hi - lo).float() / 255)
+        torch.testing.assert_close(zero[1], (hi + lo).float() / 2)
+
+
 def test_constant_channel_gets_positive_scale():
     stats = _stats(0)
     for stat in ("max", "min", "absmax"):
@@ -122,6 +137,21 @@ def test_export_tp2_splits_heads_and_accepts_workspace_root(tmp_path):
         assert torch.equal(ranks[1][f"layers.{i}.v_zero"], torch.zeros(KV_HEADS // 2))
     with safe_open(str(weights / "kv_qparams.rank1.safetensors"), "pt") as f:
         assert f.metadata()["symmetric"] == "1" and f.metadata()["num_tp"] == "2"
+        assert f.metadata()["granularity"] == "head"
+
+
+def test_export_per_channel_tp2_splits_heads_keeping_channels(tmp_path):
+    work = write_work_dir(tmp_path / "work")
+    weights = write_workspace(tmp_path / "ws", tp=2)
+    result = export_kv_qparams(KVQParamsConfig(str(work), str(weights), num_tp=2, per_channel=True))
+    ranks = [load_file(weights / f"kv_qparams.rank{r}.safetensors") for r in range(2)]
+    k_scale, _ = compute_qparams(torch.load(work / "key_stats.pth"), symmetric=False, per_channel=True)
+    for i in range(LAYERS):
+        assert ranks[1][f"layers.{i}.k_zero"].shape == (KV_HEADS // 2, HEAD_DIM)
+        assert torch.equal(torch.cat([r[f"layers.{i}.k_scale"] for r in ranks]), k_scale[i])
+    with safe_open(str(weights / "kv_qparams.rank0.safetensors"), "pt") as f:
+        assert f.metadata()["granularity"] == "channel"
+    assert result.per_channel
 
 
 def test_existing_params_need_force(tmp_path):

@@ -44,15 +44,16 @@ def _logits(ws, ids, **overrides) -> torch.Tensor:
     return torch.cat([first, runner.model.forward(batch, runner.cache)]), runner
 
 
-def _write_static_params(ws, runner, num_tokens: int) -> None:
-    """Per layer and KV head min/max over the tokens in the float cache -> asymmetric int8 params."""
+def _write_static_params(ws, runner, num_tokens: int, per_channel: bool = False) -> None:
+    """Per layer and KV head (or head and channel) min/max over the tokens in the float cache -> asymmetric int8."""
     from safetensors.torch import save_file
 
     tensors = {}
     for i in range(len(runner.cache.k)):
         for name, cache in (("k", runner.cache.k[i]), ("v", runner.cache.v[i])):
             x = cache.flatten(0, 1)[:num_tokens].float()  # blocks 0.. hold the sequence in order
-            hi, lo = x.amax(dim=(0, 2)), x.amin(dim=(0, 2))
+            dims = 0 if per_channel else (0, 2)
+            hi, lo = x.amax(dim=dims), x.amin(dim=dims)
             tensors[f"layers.{i}.{name}_scale"] = (hi - lo) / 255
             tensors[f"layers.{i}.{name}_zero"] = (hi + lo) / 2
     save_file(tensors, str(ws / "triton_models/weights/kv_qparams.rank0.safetensors"),
@@ -72,6 +73,22 @@ def test_int8_kv_logits_stay_close_to_float_kv(tiny_llama_ws, tmp_path):
     assert (online - ref).abs().max() < 0.02 * span
     assert (static - ref).abs().max() < 0.05 * span
     assert not torch.equal(online, ref) and not torch.equal(static, online)
+
+
+def test_per_channel_static_params_are_read_and_beat_per_head(tiny_llama_ws, tmp_path):
+    ws = tmp_path / "ws"
+    shutil.copytree(tiny_llama_ws[1], ws)
+    ids = torch.randint(0, 49152, (37,), generator=torch.Generator().manual_seed(6)).tolist()
+    ref, runner = _logits(ws, ids)
+    _write_static_params(ws, runner, len(ids))
+    per_head, head_runner = _logits(ws, ids, quant_policy=4)
+    _write_static_params(ws, runner, len(ids), per_channel=True)
+    per_channel, channel_runner = _logits(ws, ids, quant_policy=4)
+    heads, dim = runner.cache.k[0].shape[-2:]
+    assert head_runner.cache.static.k_scale[0].shape == (heads, 1)
+    assert channel_runner.cache.static.k_scale[0].shape == (heads, dim)
+    assert channel_runner.bytes_per_block == head_runner.bytes_per_block
+    assert 0 < (per_channel - ref).abs().mean() < (per_head - ref).abs().mean()
 
 
 def test_static_params_of_the_wrong_shape_are_refused(tiny_llama_ws, tmp_path):
