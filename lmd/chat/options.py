@@ -1,0 +1,150 @@
+"""Flags shared by `lmd chat` and `lmd gradio`: the model, sampling, engine overrides, and opening the engine.
+
+MODEL may be a workspace or anything `lmd deploy` reads; the latter is deployed into a temporary workspace by
+`lmd.pipeline`, exactly as the Python API does, and removed when the command ends.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from lmd.errors import LmdError
+
+if TYPE_CHECKING:
+    from lmd.turbomind.engine import Engine
+    from lmd.turbomind.gen_config import GenerationConfig
+
+ModelArg = Annotated[
+    str,
+    typer.Argument(
+        help="An lmd workspace (from `lmd deploy`), or an HF model directory / .gguf file / hub id, deployed into a "
+        "temporary workspace first.",
+        metavar="MODEL",
+        show_default=False,
+    ),
+]
+ModelNameOpt = Annotated[
+    str,
+    typer.Option(
+        "--model-name",
+        help="Chat template when MODEL is not a workspace: llama2, llama3, vicuna, internlm, qwen, mistral, "
+        "base or hf (the tokenizer's own). A workspace keeps the one it was deployed with.",
+    ),
+]
+SystemOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--system", help="System prompt that opens every conversation (default: the chat template's own, if any)."
+    ),
+]
+
+TemperatureOpt = Annotated[float, typer.Option("--temperature", help="Sampling temperature in [0, 2]; 0 = greedy.")]
+TopPOpt = Annotated[
+    float,
+    typer.Option(
+        "--top-p", help="Nucleus sampling: keep the most likely tokens up to this probability mass, in (0, 1]; 1 = off."
+    ),
+]
+TopKOpt = Annotated[int, typer.Option("--top-k", help="Sample among the K most likely tokens; 0 = off, 1 = greedy.")]
+RepetitionPenaltyOpt = Annotated[
+    float, typer.Option("--repetition-penalty", help="> 1 discourages tokens already in the conversation; 1 = off.")
+]
+MaxNewTokensOpt = Annotated[int, typer.Option("--max-new-tokens", help="Longest reply, in tokens.")]
+SeedOpt = Annotated[int | None, typer.Option("--seed", help="Sampling seed, for replies that repeat run to run.")]
+
+SessionLenOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--session-len", help="Tokens one conversation may hold, prompts and replies together (default: config.ini's)."
+    ),
+]
+CacheMaxEntryCountOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--cache-max-entry-count",
+        help="KV cache size: a fraction of free device memory (<= 1) or a number of blocks "
+        "(> 1) (default: config.ini's).",
+    ),
+]
+CacheBlockSeqLenOpt = Annotated[
+    int | None,
+    typer.Option("--cache-block-seq-len", help="Tokens per KV block, the prefix cache's unit (default: config.ini's)."),
+]
+QuantPolicyOpt = Annotated[
+    int | None, typer.Option("--quant-policy", help="KV cache: 0 = the compute dtype, 4 = int8 (default: config.ini's).")
+]
+MaxBatchSizeOpt = Annotated[
+    int | None, typer.Option("--max-batch-size", help="Replies generated at once (default: config.ini's).")
+]
+DeviceOpt = Annotated[str, typer.Option("--device", help="auto (cuda when available), cuda or cpu.")]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="Compute dtype: auto (the workspace's), fp32, fp16 or bf16.")]
+
+_SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "repetition_penalty", "max_new_tokens", "seed")
+_ENGINE_FLAGS = (
+    "session_len",
+    "cache_max_entry_count",
+    "cache_block_seq_len",
+    "quant_policy",
+    "max_batch_size",
+    "device",
+    "dtype",
+)
+
+
+def generation_config(**sampling: Any) -> GenerationConfig:
+    """GenerationConfig from the sampling flags; an invalid value is reported under its flag name."""
+    from lmd.turbomind.gen_config import GenerationConfig
+
+    try:
+        return GenerationConfig(**sampling)
+    except LmdError as exc:
+        message = str(exc)
+        for name in _SAMPLING_FLAGS:
+            message = message.replace(f"GenerationConfig.{name}=", f"--{name.replace('_', '-')} ")
+        raise LmdError(message) from None
+
+
+def with_sampling(config: GenerationConfig, **changes: Any) -> GenerationConfig:
+    return dataclasses.replace(config, **changes)
+
+
+def split_flags(flags: dict[str, Any]) -> tuple[GenerationConfig, dict[str, Any]]:
+    """(sampling config, engine overrides) from a command's parameters; engine flags left unset keep config.ini's."""
+    gen_config = generation_config(**{name: flags[name] for name in _SAMPLING_FLAGS})
+    overrides = {name: flags[name] for name in _ENGINE_FLAGS if flags.get(name) is not None}
+    return gen_config, overrides
+
+
+@contextmanager
+def open_chat_engine(model: str, model_name: str, overrides: dict[str, Any]) -> Iterator[Engine]:
+    """The engine for MODEL, closed (and a temporary workspace removed) on exit."""
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from lmd.chat.templates import get_chat_template
+    from lmd.turbomind.workspace import is_workspace
+
+    workspace = is_workspace(model)
+    if not workspace:
+        get_chat_template(model_name)  # a typo fails before the slow deploy
+        if Path(model).suffix == ".gguf" and not Path(model).expanduser().is_file():
+            raise LmdError(f"{model} does not exist; give a workspace, an HF model directory or a .gguf file")
+    what = (
+        f"loading {model}"
+        if workspace
+        else f"deploying {model} into a temporary workspace (`lmd deploy` it once to skip this)"
+    )
+    with Console(stderr=True).status(what):
+        from lmd.turbomind.pipeline import Pipeline
+
+        pipe = Pipeline(model, model_name, **overrides)
+    try:
+        yield pipe.engine
+    finally:
+        pipe.close()
