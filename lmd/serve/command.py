@@ -1,0 +1,151 @@
+"""The `lmd serve` command: an engine with its step loop, behind the OpenAI-compatible app, run by uvicorn."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from lmd.errors import LmdError
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+def serve_command(
+    model: Annotated[
+        str,
+        typer.Argument(
+            help="Workspace written by `lmd deploy`, or an HF model dir / .gguf file / "
+            "hub id (deployed to a temporary workspace first)."
+        ),
+    ],
+    host: Annotated[str, typer.Option(help="Interface to listen on (127.0.0.1: this machine only).")] = "0.0.0.0",
+    port: Annotated[int, typer.Option(help="TCP port to listen on.")] = 23333,
+    model_name: Annotated[
+        str | None,
+        typer.Option(
+            help="Name clients send as `model` and /v1/models lists (default: the workspace or model file name)."
+        ),
+    ] = None,
+    api_keys: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--api-keys",
+            envvar="LMD_API_KEYS",
+            help="Accepted API key (repeat the flag for several; or LMD_API_KEYS, space-separated). Clients send "
+            "'Authorization: Bearer KEY' to /v1/*. Default: no key needed.",
+        ),
+    ] = None,
+    chat_template: Annotated[
+        str | None,
+        typer.Option(
+            help="Chat template of a model that is not yet a workspace "
+            "(llama2, llama3, vicuna, internlm, qwen, mistral, base, "
+            "hf; default hf). A workspace keeps its own."
+        ),
+    ] = None,
+    session_len: Annotated[
+        int | None, typer.Option(help="Most tokens per request, prompt + completion (default: config.ini).")
+    ] = None,
+    max_batch_size: Annotated[
+        int | None, typer.Option(help="Most requests in the running batch (default: config.ini).")
+    ] = None,
+    cache_max_entry_count: Annotated[
+        float | None,
+        typer.Option(
+            help="KV cache size: a fraction of free device memory (<= 1) or a number of blocks (> 1) "
+            "(default: config.ini)."
+        ),
+    ] = None,
+    cache_block_seq_len: Annotated[
+        int | None, typer.Option(help="Tokens per KV cache block (default: config.ini).")
+    ] = None,
+    max_context_token_num: Annotated[
+        int | None, typer.Option(help="Most tokens computed in one step, prefill chunks included (default: config.ini).")
+    ] = None,
+    quant_policy: Annotated[
+        int | None, typer.Option(help="KV cache: 0 = compute dtype, 4 = int8 (default: config.ini).")
+    ] = None,
+    device: Annotated[str | None, typer.Option(help="cuda, cpu or auto (cuda when available).")] = None,
+    dtype: Annotated[str | None, typer.Option(help="Compute dtype: auto (the workspace's), fp32, fp16 or bf16.")] = None,
+    log_level: Annotated[str, typer.Option(help=f"uvicorn log level: {', '.join(LOG_LEVELS)}.")] = "info",
+) -> None:
+    """Serve a model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/models,
+    /health, /metrics); see docs/serve.md."""
+    if not 0 < port < 65536:
+        raise LmdError(f"--port {port} is not a TCP port; use 1..65535")
+    if log_level not in LOG_LEVELS:
+        raise LmdError(f"--log-level {log_level} is unknown; use one of {', '.join(LOG_LEVELS)}")
+    keys = [k for k in (api_keys or []) if k]
+    from lmd.turbomind.workspace import is_workspace
+
+    workspace = is_workspace(model)
+    if workspace and chat_template is not None:
+        raise LmdError(
+            f"{model} is a workspace: its chat template was fixed by `lmd deploy`; leave out "
+            "--chat-template or redeploy with another MODEL_NAME"
+        )
+    if chat_template is not None:
+        from lmd.chat.templates import get_chat_template
+
+        get_chat_template(chat_template)  # a typo fails before anything heavy loads
+    overrides = dict(
+        session_len=session_len,
+        max_batch_size=max_batch_size,
+        cache_max_entry_count=cache_max_entry_count,
+        cache_block_seq_len=cache_block_seq_len,
+        max_context_token_num=max_context_token_num,
+        quant_policy=quant_policy,
+        device=device,
+        dtype=dtype,
+    )
+    name = model_name or _default_name(model)
+    pipe = _load(model, workspace, chat_template or "hf", {k: v for k, v in overrides.items() if v is not None})
+    try:
+        _run(pipe.engine, name, keys, host, port, log_level)
+    finally:
+        pipe.close()
+
+
+def _load(model: str, workspace: bool, chat_template: str, overrides: dict[str, Any]) -> Any:
+    from rich.console import Console
+
+    from lmd.turbomind.pipeline import Pipeline
+
+    what = f"loading {model}" if workspace else f"deploying {model} to a temporary workspace and loading it"
+    with Console(stderr=True).status(what):
+        return Pipeline(model, model_name=chat_template, **overrides)
+
+
+def _run(engine: Any, name: str, keys: list[str], host: str, port: int, log_level: str) -> None:
+    import uvicorn
+    from rich.console import Console
+    from rich.table import Table
+
+    from lmd.serve.app import create_app
+
+    app = create_app(engine, name, keys)
+    stats, cfg = engine.stats(), engine.workspace.engine
+    table = Table(title="lmd serve", show_header=False)
+    shown_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    for key, value in (
+        ("url", f"http://{shown_host}:{port}/v1"),
+        ("model", name),
+        ("workspace", str(engine.workspace.root)),
+        ("device", str(engine.runner.device)),
+        ("max tokens per request", engine.max_len),
+        ("max batch size", cfg.max_batch_size),
+        ("KV blocks", f"{stats.blocks_total} x {cfg.cache_block_seq_len} tokens"),
+        ("KV cache", "int8" if cfg.quant_policy == 4 else "compute dtype"),
+        ("API keys", f"{len(keys)} accepted" if keys else "none (open)"),
+    ):
+        table.add_row(key, str(value))
+    Console(stderr=True).print(table)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+
+
+def _default_name(model: str) -> str:
+    path = Path(model).expanduser()
+    name = path.resolve().name if path.exists() else model.rstrip("/").rsplit("/", 1)[-1]
+    return name[: -len(".gguf")] if name.endswith(".gguf") else name

@@ -1,0 +1,149 @@
+"""Request bodies of the OpenAI-compatible endpoints, as pydantic models.
+
+Pydantic checks types (its errors become 400s naming the field); ranges are GenerationConfig's job, so each limit
+has one definition. Fields the server cannot honour are refused by `unsupported()` rather than silently ignored;
+fields that do not change the output (user, metadata, ...) are accepted and ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: str
+    content: str | list[ContentPart] | None = None
+
+
+class SamplingRequest(BaseModel):
+    """Fields shared by /v1/chat/completions and /v1/completions (OpenAI's names, plus vLLM/LMDeploy extensions)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # extension; 0 or -1: off
+    repetition_penalty: float = 1.0  # extension
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None  # extension
+    seed: int | None = None
+    n: int | None = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool = False  # extension
+    min_tokens: int | None = None  # extension (vLLM)
+    min_new_tokens: int | None = None  # extension (LMDeploy)
+    skip_special_tokens: bool = True  # extension
+    return_token_ids: bool = False  # extension: each choice also carries the generated token ids
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    best_of: int | None = None
+
+    def unsupported(self) -> tuple[str, str] | None:
+        """(field, message) for the first option this server cannot honour, or None."""
+        if self.n is not None and self.n != 1:
+            return "n", f"n={self.n} is not supported; this server returns one choice per request (send n=1)"
+        if self.best_of is not None and self.best_of != 1:
+            return "best_of", f"best_of={self.best_of} is not supported; leave it out or send 1"
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if value:
+                return name, f"{name}={value} is not supported; use repetition_penalty (> 1 discourages repeats)"
+        if self.logit_bias:
+            return "logit_bias", "logit_bias is not supported; leave it out"
+        if self.stream_options is not None and not self.stream:
+            return "stream_options", "stream_options is only allowed with stream=true"
+        if self.min_tokens is not None and self.min_new_tokens is not None and self.min_tokens != self.min_new_tokens:
+            return "min_tokens", "min_tokens and min_new_tokens disagree; send only one of them"
+        return None
+
+
+class ChatCompletionRequest(SamplingRequest):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    response_format: dict[str, Any] | None = None
+
+    def unsupported(self) -> tuple[str, str] | None:
+        found = super().unsupported()
+        if found is not None:
+            return found
+        for name in ("tools", "functions"):
+            if getattr(self, name):
+                return name, f"{name} (function calling) is not supported; leave it out"
+        if self.tool_choice not in (None, "none"):
+            return "tool_choice", "tool_choice is not supported; leave it out"
+        if self.response_format is not None and self.response_format.get("type", "text") != "text":
+            return "response_format", "only response_format {'type': 'text'} is supported"
+        if self.top_logprobs is not None and not self.logprobs:
+            return "top_logprobs", "top_logprobs needs logprobs=true"
+        limits = (self.max_tokens, self.max_completion_tokens)
+        if None not in limits and limits[0] != limits[1]:
+            return "max_tokens", "max_tokens and max_completion_tokens disagree; send only one of them"
+        return None
+
+    @property
+    def token_limit(self) -> tuple[str, int | None]:
+        """(the field that set the limit, its value)."""
+        if self.max_completion_tokens is not None:
+            return "max_completion_tokens", self.max_completion_tokens
+        return "max_tokens", self.max_tokens
+
+    @property
+    def logprobs_count(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+class CompletionRequest(SamplingRequest):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: int | None = None
+    echo: bool = False
+    suffix: str | None = None
+
+    def unsupported(self) -> tuple[str, str] | None:
+        found = super().unsupported()
+        if found is not None:
+            return found
+        if self.echo:
+            return "echo", "echo=true is not supported; send echo=false"
+        if self.suffix:
+            return "suffix", "suffix (insertion) is not supported; leave it out"
+        if isinstance(self.prompt, list) and len(self.prompt) > 1 and not isinstance(self.prompt[0], int):
+            return "prompt", "a batch of prompts is not supported; send one prompt per request"
+        return None
+
+    @property
+    def single_prompt(self) -> str | list[int]:
+        """The one prompt: a string or token ids (a one-element batch is unwrapped)."""
+        prompt = self.prompt
+        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+            return prompt[0]  # type: ignore[return-value]
+        return prompt  # type: ignore[return-value]
+
+    @property
+    def token_limit(self) -> tuple[str, int | None]:
+        return "max_tokens", self.max_tokens
+
+    @property
+    def logprobs_count(self) -> int | None:
+        return self.logprobs

@@ -1,0 +1,101 @@
+"""Request fields -> the engine's GenerationConfig; its validation messages come back naming the request's field."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from lmd.errors import LmdError
+from lmd.serve.errors import ApiError, bad_request
+from lmd.serve.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingRequest
+from lmd.turbomind.gen_config import GenerationConfig
+
+_CONFIG_FIELD = re.compile(r"GenerationConfig\.(\w+)=")
+
+
+def generation_config(request: ChatCompletionRequest | CompletionRequest, room: int) -> GenerationConfig:
+    """`room`: tokens the engine can still generate after this prompt (the default max_tokens)."""
+    found = request.unsupported()
+    if found is not None:
+        raise bad_request(*found)
+    limit_field, limit = request.token_limit
+    min_field = "min_tokens" if request.min_tokens is not None else "min_new_tokens"
+    values: dict[str, tuple[str, Any]] = {  # GenerationConfig field -> (request field, value)
+        "max_new_tokens": (limit_field, room if limit is None else limit),
+        "min_new_tokens": (min_field, _first(request.min_tokens, request.min_new_tokens, 0)),
+        "temperature": ("temperature", request.temperature),
+        "top_k": ("top_k", 0 if request.top_k == -1 else request.top_k),
+        "top_p": ("top_p", request.top_p),
+        "repetition_penalty": ("repetition_penalty", request.repetition_penalty),
+        "seed": ("seed", request.seed),
+        "ignore_eos": ("ignore_eos", request.ignore_eos),
+        "stop_token_ids": ("stop_token_ids", request.stop_token_ids or ()),
+        "stop_words": ("stop", _stop_words(request)),
+        "logprobs": (
+            "top_logprobs" if isinstance(request, ChatCompletionRequest) else "logprobs",
+            request.logprobs_count,
+        ),
+        "skip_special_tokens": ("skip_special_tokens", request.skip_special_tokens),
+    }
+    try:
+        return GenerationConfig(**{name: value for name, (_, value) in values.items()})
+    except LmdError as exc:
+        raise _renamed(str(exc), {name: field for name, (field, _) in values.items()}) from None
+
+
+def chat_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
+    """OpenAI messages -> the engine's {role, content} dicts (text parts joined; `developer` is a system message)."""
+    out = []
+    for i, message in enumerate(messages):
+        role = "system" if message.role == "developer" else message.role
+        if role not in ("system", "user", "assistant"):
+            raise bad_request(
+                f"messages.{i}.role",
+                f"messages.{i}.role={message.role!r} is not supported; use system, developer, user or assistant",
+            )
+        out.append({"role": role, "content": _text_of(message, i)})
+    if not out:
+        raise bad_request("messages", "messages is empty; send at least one message")
+    return out
+
+
+def _text_of(message: ChatMessage, index: int) -> str:
+    content = message.content
+    if content is None:
+        if message.role != "assistant":
+            raise bad_request(f"messages.{index}.content", f"messages.{index}.content is missing; send the text")
+        return ""
+    if isinstance(content, str):
+        return content
+    texts = []
+    for j, part in enumerate(content):
+        if part.type != "text" or part.text is None:
+            raise bad_request(
+                f"messages.{index}.content.{j}",
+                f"messages.{index}.content.{j} has type {part.type!r}; only text parts are supported",
+            )
+        texts.append(part.text)
+    return "".join(texts)
+
+
+def _stop_words(request: SamplingRequest) -> tuple[str, ...]:
+    stop = request.stop
+    if stop is None:
+        return ()
+    words = (stop,) if isinstance(stop, str) else tuple(stop)
+    if any(not w for w in words):
+        raise bad_request("stop", "stop holds an empty string; every stop string needs at least one character")
+    return words
+
+
+def _first(*values: int | None) -> int:
+    return next(v for v in values if v is not None)  # type: ignore[return-value]
+
+
+def _renamed(message: str, field_of: dict[str, str]) -> ApiError:
+    """ "GenerationConfig.max_new_tokens=0 is invalid; ..." -> "max_tokens=0 is invalid; ..." with param set."""
+    match = _CONFIG_FIELD.search(message)
+    if match is None:
+        return bad_request(None, message)
+    field = field_of.get(match.group(1), match.group(1))
+    return bad_request(field, _CONFIG_FIELD.sub(f"{field}=", message, count=1))
