@@ -5,16 +5,20 @@ Resolution order (first that has the data set wins):
 2. `pydoc` -> CPython's `pydoc_data.topics` (present on every machine; the offline fallback corpus).
 3. a local mirror under `data_dir` or `$LMD_DATA_DIR` with the layout of ../shared/data. When the mirror holds the
    data set but not the asked split, the next available split is used and one line on stderr says so.
-4. the Hugging Face hub via `datasets.load_dataset` with the canonical ids (imported lazily).
+4. the Hugging Face hub via `datasets.load_dataset` with the canonical ids (imported lazily), after a 3-second check
+   that the hub's host answers at all (offline, `datasets` retries for about a minute before giving up).
 Nothing reachable -> one `LmdError` naming what was tried and the fix.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlparse
 
 from lmd.calib_data.text_files import SUFFIXES, line_rows, read_rows, wikitext_rows
 from lmd.errors import LmdError
@@ -117,6 +121,9 @@ def _hub_rows(spec: DatasetSpec, split: str, tried: list[str]) -> Rows | None:
     if not candidates:
         return None
     candidate = candidates[0]
+    if not hub_reachable():
+        tried.append(f"HF hub {spec.hub_id} (host unreachable)")
+        return None
     try:
         rows = spec.hub_rows(candidate)
     except Exception as exc:  # noqa: BLE001 - offline, missing id, bad cache: all mean "not reachable"
@@ -126,6 +133,18 @@ def _hub_rows(spec: DatasetSpec, split: str, tried: list[str]) -> Rows | None:
     if candidate != split:
         say(f"{spec.name} has no {split} split on the HF hub; using {candidate} instead")
     return Rows(rows, spec.name, candidate, f"HF hub {spec.hub_id} ({candidate})", spec.joiner)
+
+
+@functools.cache
+def hub_reachable() -> bool:
+    if any(os.environ.get(v, "") not in ("", "0") for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")):
+        return True  # offline mode: datasets reads its own cache and never touches the network
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=3).close()
+    except OSError:
+        return False
+    return True
 
 
 def _user_path_rows(dataset: str) -> Rows:

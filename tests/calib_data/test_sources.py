@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lmd.calib_data import DATASETS, load_eval_text
+from lmd.calib_data import DATASETS, load_eval_text, sources
 from lmd.calib_data.sources import load_rows, pydoc_rows
 from lmd.errors import LmdError
 
@@ -20,6 +20,7 @@ needs_mirror = pytest.mark.skipif(not (MIRROR / "wikitext-2-raw" / "wiki.test.ra
 def fake_hub(monkeypatch):
     """Replace datasets.load_dataset; record calls; serve a few rows per (id, split)."""
     datasets = pytest.importorskip("datasets")
+    monkeypatch.setattr(sources, "hub_reachable", lambda: True)
     calls = []
 
     def load_dataset(path, name=None, split=None, data_files=None, **kwargs):
@@ -109,6 +110,7 @@ def test_hub_ptb_reads_sentences(tmp_path, fake_hub):
 
 def test_nothing_reachable_lists_what_was_tried_and_the_fix(tmp_path, monkeypatch):
     datasets = pytest.importorskip("datasets")
+    monkeypatch.setattr(sources, "hub_reachable", lambda: True)
 
     def unreachable(*args, **kwargs):
         raise ConnectionError("Couldn't reach 'allenai/c4' on the Hub (offline)")
@@ -122,6 +124,30 @@ def test_nothing_reachable_lists_what_was_tried_and_the_fix(tmp_path, monkeypatc
     assert f"local mirror {tmp_path / 'missing'} (not a directory)" in message
     assert "HF hub allenai/c4 (ConnectionError: Couldn't reach" in message
     assert "--calib-dataset PATH" in message and "LMD_DATA_DIR" in message
+
+
+def test_unreachable_hub_host_is_not_retried(tmp_path, monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    calls = []
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: calls.append(a))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+
+    def refuse(address, timeout):
+        calls.append(("connect", address, timeout))
+        raise OSError("Name or service not known")
+
+    monkeypatch.setattr(sources.socket, "create_connection", refuse)
+    sources.hub_reachable.cache_clear()
+    try:
+        with pytest.raises(LmdError, match=r"HF hub allenai/c4 \(host unreachable\)"):
+            load_rows("c4", "train", str(tmp_path))
+        assert calls == [("connect", ("huggingface.co", 443), 3)]  # one probe, no load_dataset retries
+        monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # offline mode reads datasets' cache: no probe needed
+        sources.hub_reachable.cache_clear()
+        assert sources.hub_reachable() and len(calls) == 1
+    finally:
+        sources.hub_reachable.cache_clear()
 
 
 def test_unset_mirror_is_reported(monkeypatch):
