@@ -1,0 +1,40 @@
+"""A tiny random Llama workspace (SmolLM2's tokenizer and ChatML template), one running engine and its app."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.turbomind.conftest import deploy_tiny
+
+ENGINE_OPTIONS = dict(cache_block_seq_len=4, cache_max_entry_count=64, max_context_token_num=24, device="cpu")
+MODEL = "tiny"
+
+
+@pytest.fixture(scope="session")
+def serve_ws(tmp_path_factory, tokenizer) -> Path:
+    return deploy_tiny(tmp_path_factory.mktemp("serve-ws"), "llama", model_name="hf")[1]
+
+
+@pytest.fixture(scope="module")
+def engine(serve_ws):
+    from lmd.turbomind.engine import Engine
+
+    with Engine(serve_ws, **ENGINE_OPTIONS) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(engine):
+    from fastapi.testclient import TestClient
+
+    from lmd.serve.app import create_app
+
+    with TestClient(create_app(engine, MODEL)) as test_client:
+        yield test_client
+
+
+def sse_payloads(text: str) -> list[str]:
+    """The `data:` payloads of an event stream, in order."""
+    return [line[len("data: ") :] for line in text.split("\n") if line.startswith("data: ")]
