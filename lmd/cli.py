@@ -21,6 +21,7 @@ eval_app = typer.Typer(help="Evaluate a model or workspace.", no_args_is_help=Tr
 app.add_typer(eval_app, name="eval")
 
 # Each feature module defines its command functions (heavy imports inside them); register them here, one line each.
+from lmd.bench.command import bench_app  # noqa: E402
 from lmd.chat.cli_chat import chat_command  # noqa: E402
 from lmd.chat.cli_gradio import gradio_command  # noqa: E402
 from lmd.deploy.command import deploy_command  # noqa: E402
@@ -35,6 +36,7 @@ app.command("calibrate")(calibrate_command)
 app.command("awq")(awq_command)
 app.command("deploy")(deploy_command)
 app.command("kv-qparams")(kv_qparams_command)
+app.add_typer(bench_app, name="bench")
 app.command("chat")(chat_command)
 app.command("gradio")(gradio_command)
 app.command("serve")(serve_command)

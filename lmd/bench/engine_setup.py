@@ -1,0 +1,64 @@
+"""The engine a benchmark runs on: a workspace, or a model deployed into a temporary one (as `lmd.pipeline` does),
+with the serving keys the user overrode; plus the facts about it that every report records."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lmd.errors import LmdError
+
+if TYPE_CHECKING:
+    from lmd.turbomind.engine import Engine
+    from lmd.turbomind.pipeline import Pipeline
+
+DTYPES = ("auto", "fp32", "fp16", "bf16")
+
+
+@dataclass(frozen=True)
+class EngineOverrides:
+    """Serving keys of config.ini to replace for this run; None keeps the workspace's value."""
+
+    device: str = "auto"
+    dtype: str = "auto"
+    max_batch_size: int | None = None
+    session_len: int | None = None
+    max_context_token_num: int | None = None
+    cache_max_entry_count: float | None = None
+    cache_block_seq_len: int | None = None
+    quant_policy: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise LmdError(f"--dtype {self.dtype!r} is unknown; use {', '.join(DTYPES)}")
+        if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
+            raise LmdError(f"--device {self.device!r} is unknown; use auto, cpu or cuda[:N]")
+        if self.quant_policy not in (None, 0, 4):
+            raise LmdError(f"--quant-policy {self.quant_policy} is unknown; use 0 (KV in compute dtype) or 4 (KV int8)")
+
+    def as_kwargs(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+def open_engine(model: str, model_name: str, overrides: EngineOverrides) -> Pipeline:
+    """A Pipeline whose `.engine` runs MODEL; close it when done (it deletes a temporary workspace)."""
+    if not Path(model).expanduser().exists():
+        raise LmdError(f"{model} does not exist; give a workspace (lmd deploy), an HF model directory or a .gguf file")
+    from lmd.turbomind.pipeline import Pipeline
+
+    return Pipeline(model, model_name, **overrides.as_kwargs())
+
+
+def engine_facts(engine: Engine, model: str) -> dict[str, Any]:
+    """What the numbers depend on: the model, its weight type, the device, and the engine configuration in force."""
+    runner = engine.runner
+    return {
+        "model": model,
+        "weight_type": engine.workspace.model.weight_type,
+        "device": str(runner.device),
+        "compute_dtype": str(runner.dtype).removeprefix("torch."),
+        "kv_blocks": runner.num_blocks,
+        "max_len": engine.max_len,
+        "engine_config": asdict(engine.workspace.engine),
+    }

@@ -1,0 +1,32 @@
+"""A tiny random Llama workspace (ChatML template, real SmolLM2 tokenizer) and a started engine over it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.turbomind.conftest import deploy_tiny
+
+# Small blocks and a small prefill budget so a handful of requests already exercises batching and chunking.
+ENGINE_OPTIONS = dict(
+    device="cpu",
+    cache_block_seq_len=8,
+    cache_max_entry_count=256,
+    max_context_token_num=64,
+    max_batch_size=8,
+    session_len=256,
+)
+
+
+@pytest.fixture(scope="session")
+def bench_ws(tmp_path_factory, tokenizer) -> Path:
+    return deploy_tiny(tmp_path_factory.mktemp("bench-ws"), "llama", model_name="hf")[1]
+
+
+@pytest.fixture(scope="module")
+def engine(bench_ws):
+    from lmd.turbomind.engine import Engine
+
+    with Engine(bench_ws, **ENGINE_OPTIONS) as eng:
+        yield eng
