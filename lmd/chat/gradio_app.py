@@ -40,8 +40,9 @@ def build_app(events: ChatEvents, title: str = "lmd chat") -> gr.Blocks:
             max_new_tokens = gr.Slider(
                 1, max_len, value=min(config.max_new_tokens, max_len), step=1, label="max new tokens"
             )
-        # A function as the initial value: each browser session gets its own ChatSession when it first needs one.
-        session = gr.State(lambda: events.new_session(), delete_callback=_abort)
+        # Each browser session starts with None; `respond` creates its ChatSession (gradio deep-copies initial values,
+        # and a session holds the engine) and hands it back at its first update, before any token.
+        session = gr.State(None, delete_callback=_abort)
         gr.on(
             [textbox.submit, send.click],
             events.respond,
