@@ -5,7 +5,8 @@ Per block, in order:
      (awq_inputs); its outputs become the next block's inputs (float outputs, before any change, as in AutoAWQ);
   2. search the scales of every scale group on the unmodified block, then fold all of them in (awq_search):
        attn_norm -> q, k, v   (loss on the attention output)
-       v -> o                 (only when v's outputs are o's inputs one to one; skipped under GQA)
+       v -> o                 (one to one; under GQA only with gqa_v_o: one scale per v channel, shared by the
+                               query heads that read it; AutoAWQ skips the group under GQA)
        mlp_norm -> gate, up   (loss on the MLP output)
        up -> down             (loss on down's output)
   3. search and apply weight clipping for every linear except q and k, on the scaled inputs (awq_clip);
@@ -26,7 +27,7 @@ from lmd.arch import ArchSpec, decoder_layers, get_arch, get_module
 from lmd.errors import LmdError
 from lmd.lite.awq_clip import apply_clip, search_clip
 from lmd.lite.awq_inputs import BlockInputs, collect_block_inputs
-from lmd.lite.awq_search import ScaleGroup, ScaleResult, fold_scales, search_scale
+from lmd.lite.awq_search import HeadTying, ScaleGroup, ScaleResult, fold_scales, search_scale
 from lmd.lite.layerwise import capture_layer0_inputs, layer_on
 from lmd.lite.quantizer import QuantizedWeight, fitting_group_sizes, quantize_weight
 
@@ -43,6 +44,7 @@ class AwqConfig:
     duo_scaling: str = "on"  # on: AutoAWQ's x^a / w^(1-a); off: llm-awq's x^a; auto: both grids, best loss wins
     search_tokens: int = 4096  # token rows the scale search re-runs modules on (0 = all calibration tokens)
     clip_tokens: int = 512
+    gqa_v_o: bool = False  # search v -> o scales under GQA too, tied across each KV head's query heads
     batch_size: int = 16
     device: str = "cpu"
 
@@ -133,7 +135,7 @@ def _quantize_layer(layer: nn.Module, arch: ArchSpec, index: int, group_size: in
     return quantized
 
 
-def scale_groups(layer: nn.Module, arch: ArchSpec, block: BlockInputs) -> list[ScaleGroup]:
+def scale_groups(layer: nn.Module, arch: ArchSpec, block: BlockInputs, gqa_v_o: bool = False) -> list[ScaleGroup]:
     def m(path: str) -> nn.Module:
         return get_module(layer, path)
 
@@ -156,6 +158,11 @@ def scale_groups(layer: nn.Module, arch: ArchSpec, block: BlockInputs) -> list[S
                          sites["qkv"].x_mean, run_attention)]
     if v.out_features == o.in_features:
         groups.append(ScaleGroup("v -> o", v, [o], "o", sites["o"].x_mean, run_on(o, sites["o"].search_rows())))
+    elif gqa_v_o and o.in_features % v.out_features == 0:
+        head_dim = int(attn.head_dim)
+        tying = HeadTying(v.out_features // head_dim, o.in_features // v.out_features, head_dim)
+        groups.append(ScaleGroup("v -> o (GQA, tied)", v, [o], "o", sites["o"].x_mean,
+                                 run_on(o, sites["o"].search_rows()), tying))
     gate, up, down = m(arch.gate), m(arch.up), m(arch.down)
     groups.append(ScaleGroup(f"{arch.mlp_norm} -> gate,up", m(arch.mlp_norm), [gate, up], "gate_up",
                              sites["gate_up"].x_mean, run_on(m(arch.mlp), sites["gate_up"].search_rows())))
@@ -165,10 +172,10 @@ def scale_groups(layer: nn.Module, arch: ArchSpec, block: BlockInputs) -> list[S
 
 
 def _scale_block(layer: nn.Module, arch: ArchSpec, block: BlockInputs, config: AwqConfig) -> tuple[ScaleResult, ...]:
-    groups = scale_groups(layer, arch, block)
+    groups = scale_groups(layer, arch, block, config.gqa_v_o)
     results = [search_scale(g, config.group_size, DUO_MODES[config.duo_scaling]) for g in groups]
     for group, result in zip(groups, results, strict=True):
-        fold_scales(group.prev, group.linears, result.scales)
+        fold_scales(group.prev, group.linears, result.scales, result.prev_scales)
         block.sites[group.consumer].divide(result.scales)
     block.attn_calls.clear()
     return tuple(results)

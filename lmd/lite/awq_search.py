@@ -27,6 +27,27 @@ from lmd.lite.quantizer import fake_quantize
 N_GRID = 20
 
 
+@dataclass(frozen=True)
+class HeadTying:
+    """v -> o under GQA: query head h reads KV head h // n_rep, so dividing v's output channel (kv, d) by s multiplies
+    o's input channels (h, d) of all n_rep query heads of that KV head by s. One scale per v channel, shared by them.
+
+        o input channel  h * head_dim + d   <->   v output channel  (h // n_rep) * head_dim + d
+    """
+
+    kv_heads: int
+    n_rep: int
+    head_dim: int
+
+    def reduce(self, t: torch.Tensor) -> torch.Tensor:
+        """[kv_heads * n_rep * head_dim] (o's inputs) -> [kv_heads * head_dim], the mean over each KV head's group."""
+        return t.view(self.kv_heads, self.n_rep, self.head_dim).mean(dim=1).reshape(-1)
+
+    def expand(self, t: torch.Tensor) -> torch.Tensor:
+        """[kv_heads * head_dim] (v's outputs) -> [kv_heads * n_rep * head_dim]."""
+        return t.view(self.kv_heads, 1, self.head_dim).expand(-1, self.n_rep, -1).reshape(-1)
+
+
 @dataclass
 class ScaleGroup:
     name: str  # for reports, e.g. "input_layernorm -> q,k,v"
@@ -35,12 +56,14 @@ class ScaleGroup:
     consumer: str  # which cached input the linears read (it is divided by the chosen scales once they are folded)
     x_mean: torch.Tensor  # [in] mean |x| over all calibration tokens
     inspect: Callable[[], torch.Tensor]  # re-runs the inspected module on the search inputs with the current weights
+    tying: HeadTying | None = None  # prev has fewer output channels than the linears have inputs (GQA v -> o)
 
 
 @dataclass(frozen=True)
 class ScaleResult:
     name: str
-    scales: torch.Tensor  # [in], float32
+    scales: torch.Tensor  # [in] of the linears, float32
+    prev_scales: torch.Tensor  # [out] of prev: the same as `scales` unless the group is tied
     alpha: float
     duo: bool
     loss: float
@@ -75,9 +98,14 @@ def search_scale(group: ScaleGroup, group_size: int, duo_modes: Sequence[bool]) 
     originals = [lin.weight.detach().clone() for lin in group.linears]
     x_mean = group.x_mean.to(torch.float32).to(originals[0].device)
     w_mean = weight_mean(group.linears, group_size)
+    tying = group.tying
+    if tying is not None:  # candidates live on prev's channels; the linears see them expanded
+        x_mean, w_mean = tying.reduce(x_mean), tying.reduce(w_mean)
     reference = group.inspect()
 
     def loss_with(scales: torch.Tensor) -> float:
+        if tying is not None:
+            scales = tying.expand(scales)
         for lin, weight in zip(group.linears, originals, strict=True):
             s = scales.to(weight.dtype).view(1, -1)
             lin.weight.data = fake_quantize(weight * s, group_size) / s
@@ -100,13 +128,16 @@ def search_scale(group: ScaleGroup, group_size: int, duo_modes: Sequence[bool]) 
         for lin, weight in zip(group.linears, originals, strict=True):
             lin.weight.data = weight
     loss, scales, alpha, duo = best
-    return ScaleResult(group.name, scales.detach().clone(), alpha, duo, loss, rtn_loss)
+    expanded = scales if tying is None else tying.expand(scales)
+    return ScaleResult(group.name, expanded.detach().clone(), scales.detach().clone(), alpha, duo, loss, rtn_loss)
 
 
 @torch.no_grad()
-def fold_scales(prev: nn.Module, linears: Sequence[nn.Linear], scales: torch.Tensor) -> None:
-    """prev's output channels / s, the linears' input channels * s: the float function is unchanged."""
-    s = scales.to(torch.float32)
+def fold_scales(prev: nn.Module, linears: Sequence[nn.Linear], scales: torch.Tensor,
+                prev_scales: torch.Tensor | None = None) -> None:
+    """prev's output channels / s, the linears' input channels * s: the float function is unchanged. `prev_scales`
+    (default: `scales`) is s on prev's channels when a tied group expands them (HeadTying)."""
+    s = (scales if prev_scales is None else prev_scales).to(torch.float32)
     if isinstance(prev, nn.Linear):
         prev.weight.data = (prev.weight.to(torch.float32) / s.view(-1, 1)).to(prev.weight.dtype)
     else:
@@ -114,5 +145,6 @@ def fold_scales(prev: nn.Module, linears: Sequence[nn.Linear], scales: torch.Ten
     bias = getattr(prev, "bias", None)
     if bias is not None:
         bias.data = (bias.to(torch.float32) / s).to(bias.dtype)
+    s = scales.to(torch.float32)
     for lin in linears:
         lin.weight.data = (lin.weight.to(torch.float32) * s.view(1, -1)).to(lin.weight.dtype)

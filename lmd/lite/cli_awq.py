@@ -37,6 +37,9 @@ def awq_command(
     search_tokens: int = typer.Option(4096, "--search-tokens",
                                       help="Token rows the scale search re-runs each module on (0 = all); x_mean "
                                            "always uses every calibration token."),
+    gqa_v_o: bool = typer.Option(False, "--gqa-v-o/--no-gqa-v-o",
+                                 help="Also search v -> o scales under GQA (AutoAWQ skips them): one scale per v "
+                                      "channel, shared by the query heads that read it."),
     eval_dataset: str = typer.Option("wikitext2", "--eval-dataset", help="Data set of the fp-vs-int4 ppl report."),
     eval_windows: int = typer.Option(4, "--eval-windows", help="Windows of the ppl report (0 = all)."),
     eval_seqlen: int = typer.Option(2048, "--eval-seqlen", help="Tokens per ppl window."),
@@ -59,7 +62,7 @@ def awq_command(
     from lmd.model_source import check_device, load_causal_lm, load_config, load_tokenizer, resolve_model
 
     config = AwqConfig(w_bits=w_bits, group_size=w_group_size, search_scale=not no_search_scale, clip=not no_clip,
-                       duo_scaling=duo_scaling, search_tokens=search_tokens, batch_size=batch_size,
+                       duo_scaling=duo_scaling, search_tokens=search_tokens, gqa_v_o=gqa_v_o, batch_size=batch_size,
                        device=check_device(device))
     if eval_windows < 0:
         raise LmdError(f"--eval-windows {eval_windows} must be 0 (all) or more")

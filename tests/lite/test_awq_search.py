@@ -50,6 +50,36 @@ def test_folding_random_scales_preserves_the_float_model(tmp_path, model_type, k
     assert (got - expected).norm() / expected.norm() < 1e-5
 
 
+@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+def test_tied_gqa_v_o_scales_preserve_the_float_model_and_are_searched(tmp_path, model_type):
+    model = _load(build_tiny_model(tmp_path / "m", model_type, num_key_value_heads=2))
+    ids = _ids()
+    with torch.no_grad():
+        expected = model(ids).logits
+    arch = get_arch(model.config)
+    inputs = capture_layer0_inputs(model, ids, "cpu", batch_size=2)
+    generator = torch.Generator().manual_seed(2)
+    for layer in decoder_layers(model, model.config):
+        block = collect_block_inputs(layer, arch, inputs, "cpu", search_tokens=64, clip_tokens=16)
+        (group,) = [g for g in scale_groups(layer, arch, block, gqa_v_o=True) if g.name.startswith("v -> o")]
+        v, o = group.prev, group.linears[0]
+        tying = group.tying
+        assert tying.kv_heads * tying.head_dim == v.out_features and tying.n_rep * v.out_features == o.in_features
+        result = search_scale(group, 32, (False, True))
+        assert result.loss <= result.rtn_loss
+        assert torch.equal(tying.expand(result.prev_scales), result.scales)
+        # query head h reads KV head h // n_rep: its o columns carry that KV head's scales
+        per_head = result.scales.view(-1, tying.head_dim)
+        for h in range(per_head.shape[0]):
+            assert torch.equal(per_head[h], result.prev_scales.view(-1, tying.head_dim)[h // tying.n_rep])
+        scales = torch.rand(v.out_features, generator=generator) * 4 + 0.25
+        fold_scales(v, [o], tying.expand(scales), scales)
+        inputs = block.outputs
+    with torch.no_grad():
+        got = model(ids).logits
+    assert (got - expected).norm() / expected.norm() < 1e-5
+
+
 def test_candidate_scales_are_normalised_and_alpha_zero_plain_is_identity():
     x_mean = torch.tensor([0.1, 1.0, 10.0, 3.0])
     w_mean = torch.tensor([0.5, 0.2, 0.9, 0.4])
