@@ -40,6 +40,12 @@ class _Server:
         self.api_keys = tuple(api_keys)
         self.counts = RequestCounts()
         self.created = int(time.time())
+        self.in_flight: set[str] = set()  # request ids of responses still being produced
+
+    def abort_all(self) -> None:
+        """End every request in flight (server shutdown): their responses finish with finish_reason "abort"."""
+        for request_id in list(self.in_flight):
+            self.engine.abort(request_id)
 
     # ---- checks ----
 
@@ -116,6 +122,7 @@ class _Server:
             stream = self.engine.generate(prompt_ids, config, request_id=request_id)
         except LmdError as exc:
             raise ApiError(503 if "closed" in str(exc) else 400, str(exc), prompt_field) from None
+        self.in_flight.add(request_id)
         builder = ResponseBuilder(
             request_id,
             self.model_name,
@@ -130,10 +137,14 @@ class _Server:
 
             def on_close() -> None:
                 self.engine.abort(request_id)  # a no-op when the request already finished
+                self.in_flight.discard(request_id)
                 self.counts.finish(endpoint, outcome.reason)
 
             return AbortingEventStream(self.events(stream, builder, include_usage, outcome), on_close)
-        result = await unless_disconnected(request, _collect(stream), lambda: self.engine.abort(request_id))
+        try:
+            result = await unless_disconnected(request, _collect(stream), lambda: self.engine.abort(request_id))
+        finally:
+            self.in_flight.discard(request_id)
         self.counts.finish(endpoint, None if result is None else result.finish_reason)
         if result is None:
             return Response(status_code=499)  # nobody is listening any more

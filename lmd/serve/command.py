@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -142,7 +144,29 @@ def _run(engine: Any, name: str, keys: list[str], host: str, port: int, log_leve
     ):
         table.add_row(key, str(value))
     Console(stderr=True).print(table)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+    _stoppable_server_class()(config, app.state.server.abort_all).run()
+
+
+def _stoppable_server_class() -> type:
+    import uvicorn
+
+    class StoppableServer(uvicorn.Server):
+        """Ctrl+C / SIGTERM: in-flight generations end at once ("abort") so the graceful shutdown does not wait on
+        them, and the signal is not re-raised afterwards, so the command returns (exit 0) and cleans up."""
+
+        def __init__(self, config: uvicorn.Config, abort_all: Any) -> None:
+            super().__init__(config)
+            self._abort_all = abort_all
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            with contextlib.suppress(RuntimeError):  # RuntimeError: no loop running yet, nothing in flight
+                asyncio.get_running_loop().call_soon_threadsafe(self._abort_all)
+            if self.should_exit:
+                self.force_exit = True  # a second signal: stop waiting for connections
+            self.should_exit = True
+
+    return StoppableServer
 
 
 def _default_name(model: str) -> str:
