@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from tests.serve.conftest import MODEL
+from tests.serve.conftest import MODEL, sse_payloads
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -87,3 +89,17 @@ def test_body_that_is_not_json_or_not_an_object(client):
     assert "JSON" in _error(raw, 400)["message"]
     assert _error(client.post("/v1/chat/completions", json=[1, 2]), 400)["message"]
     assert _error(client.post("/v1/chat/completions", json={"max_tokens": 1}), 400)["param"] == "messages"
+
+
+def test_engine_failure_is_a_500_and_an_error_event(client, engine, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(engine.runner, "run", broken)
+    body = {"messages": USER, "max_tokens": 3}
+    error = _error(client.post("/v1/chat/completions", json=body), 500)
+    assert error["type"] == "server_error" and "device lost" in error["message"]
+    payloads = sse_payloads(client.post("/v1/chat/completions", json={**body, "stream": True}).text)
+    assert payloads[-1] == "[DONE]" and "device lost" in json.loads(payloads[-2])["error"]["message"]
+    monkeypatch.undo()
+    assert client.post("/v1/chat/completions", json=body).json()["usage"]["completion_tokens"] == 3
