@@ -111,3 +111,29 @@ def test_stop_token_ids_and_min_tokens(client, reference):
     assert stopped["token_ids"] == reference.token_ids[: first + 1] and stopped["finish_reason"] == "stop"
     held = _post(client, stop_token_ids=[stop], min_tokens=6, max_tokens=6, return_token_ids=True).json()["choices"][0]
     assert len(held["token_ids"]) == 6 and stop not in held["token_ids"] and held["finish_reason"] == "length"
+
+
+def test_concurrent_requests_match_one_at_a_time(engine):
+    import asyncio
+
+    import httpx
+
+    from lmd.serve.app import create_app
+
+    app = create_app(engine, MODEL)
+    bodies = [
+        {**GREEDY, "messages": [{"role": "user", "content": f"Question number {i}?"}], "max_tokens": 6 + i}
+        for i in range(4)
+    ]
+
+    async def ask_all(together: bool) -> list[str]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://serve") as http:
+            if together:
+                responses = await asyncio.gather(*(http.post("/v1/chat/completions", json=b) for b in bodies))
+            else:
+                responses = [await http.post("/v1/chat/completions", json=b) for b in bodies]
+        return [r.json()["choices"][0]["message"]["content"] for r in responses]
+
+    alone = asyncio.run(ask_all(together=False))
+    assert asyncio.run(ask_all(together=True)) == alone
+    assert len(set(alone)) == 4
