@@ -9,19 +9,23 @@ from typing import Annotated, Any
 
 import typer
 
+from lmd.chat.options import (
+    CacheBlockSeqLenOpt,
+    CacheMaxEntryCountOpt,
+    DeviceOpt,
+    DtypeOpt,
+    MaxBatchSizeOpt,
+    ModelArg,
+    QuantPolicyOpt,
+    SessionLenOpt,
+)
 from lmd.errors import LmdError
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
 def serve_command(
-    model: Annotated[
-        str,
-        typer.Argument(
-            help="Workspace written by `lmd deploy`, or an HF model dir / .gguf file / "
-            "hub id (deployed to a temporary workspace first)."
-        ),
-    ],
+    model: ModelArg,
     host: Annotated[str, typer.Option(help="Interface to listen on (127.0.0.1: this machine only).")] = "0.0.0.0",
     port: Annotated[int, typer.Option(help="TCP port to listen on.")] = 23333,
     model_name: Annotated[
@@ -42,35 +46,20 @@ def serve_command(
     chat_template: Annotated[
         str | None,
         typer.Option(
-            help="Chat template of a model that is not yet a workspace "
-            "(llama2, llama3, vicuna, internlm, qwen, mistral, base, "
-            "hf; default hf). A workspace keeps its own."
+            help="Chat template when MODEL is not a workspace: llama2, llama3, vicuna, internlm, qwen, mistral, base "
+            "or hf (the tokenizer's own; the default). A workspace keeps the one it was deployed with."
         ),
     ] = None,
-    session_len: Annotated[
-        int | None, typer.Option(help="Most tokens per request, prompt + completion (default: config.ini).")
-    ] = None,
-    max_batch_size: Annotated[
-        int | None, typer.Option(help="Most requests in the running batch (default: config.ini).")
-    ] = None,
-    cache_max_entry_count: Annotated[
-        float | None,
-        typer.Option(
-            help="KV cache size: a fraction of free device memory (<= 1) or a number of blocks (> 1) "
-            "(default: config.ini)."
-        ),
-    ] = None,
-    cache_block_seq_len: Annotated[
-        int | None, typer.Option(help="Tokens per KV cache block (default: config.ini).")
-    ] = None,
+    session_len: SessionLenOpt = None,
+    max_batch_size: MaxBatchSizeOpt = None,
+    cache_max_entry_count: CacheMaxEntryCountOpt = None,
+    cache_block_seq_len: CacheBlockSeqLenOpt = None,
     max_context_token_num: Annotated[
         int | None, typer.Option(help="Most tokens computed in one step, prefill chunks included (default: config.ini).")
     ] = None,
-    quant_policy: Annotated[
-        int | None, typer.Option(help="KV cache: 0 = compute dtype, 4 = int8 (default: config.ini).")
-    ] = None,
-    device: Annotated[str | None, typer.Option(help="cuda, cpu or auto (cuda when available).")] = None,
-    dtype: Annotated[str | None, typer.Option(help="Compute dtype: auto (the workspace's), fp32, fp16 or bf16.")] = None,
+    quant_policy: QuantPolicyOpt = None,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
     log_level: Annotated[str, typer.Option(help=f"uvicorn log level: {', '.join(LOG_LEVELS)}.")] = "info",
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/models,
@@ -79,19 +68,14 @@ def serve_command(
         raise LmdError(f"--port {port} is not a TCP port; use 1..65535")
     if log_level not in LOG_LEVELS:
         raise LmdError(f"--log-level {log_level} is unknown; use one of {', '.join(LOG_LEVELS)}")
-    keys = [k for k in (api_keys or []) if k]
+    from lmd.chat.options import open_chat_engine
     from lmd.turbomind.workspace import is_workspace
 
-    workspace = is_workspace(model)
-    if workspace and chat_template is not None:
+    if chat_template is not None and is_workspace(model):
         raise LmdError(
             f"{model} is a workspace: its chat template was fixed by `lmd deploy`; leave out "
             "--chat-template or redeploy with another MODEL_NAME"
         )
-    if chat_template is not None:
-        from lmd.chat.templates import get_chat_template
-
-        get_chat_template(chat_template)  # a typo fails before anything heavy loads
     overrides = dict(
         session_len=session_len,
         max_batch_size=max_batch_size,
@@ -102,22 +86,9 @@ def serve_command(
         device=device,
         dtype=dtype,
     )
-    name = model_name or _default_name(model)
-    pipe = _load(model, workspace, chat_template or "hf", {k: v for k, v in overrides.items() if v is not None})
-    try:
-        _run(pipe.engine, name, keys, host, port, log_level)
-    finally:
-        pipe.close()
-
-
-def _load(model: str, workspace: bool, chat_template: str, overrides: dict[str, Any]) -> Any:
-    from rich.console import Console
-
-    from lmd.turbomind.pipeline import Pipeline
-
-    what = f"loading {model}" if workspace else f"deploying {model} to a temporary workspace and loading it"
-    with Console(stderr=True).status(what):
-        return Pipeline(model, model_name=chat_template, **overrides)
+    keys = [k for k in (api_keys or []) if k]
+    with open_chat_engine(model, chat_template or "hf", {k: v for k, v in overrides.items() if v is not None}) as engine:
+        _run(engine, model_name or _default_name(model), keys, host, port, log_level)
 
 
 def _run(engine: Any, name: str, keys: list[str], host: str, port: int, log_level: str) -> None:
