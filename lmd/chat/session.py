@@ -48,6 +48,7 @@ class ChatSession:
         self._turns = itertools.count()
         self._messages: list[Message] = self._initial_messages()
         self._request_id: str | None = None
+        self._epoch = 0  # bumped by reset(): a reply still streaming from before must not write the old history back
 
     @property
     def messages(self) -> list[Message]:
@@ -67,6 +68,7 @@ class ChatSession:
     def reset(self) -> None:
         """Start over: stop a reply in flight and forget every turn (the system prompt stays)."""
         self.abort()
+        self._epoch += 1
         self._messages = self._initial_messages()
         self.last = None
 
@@ -101,7 +103,7 @@ class ChatSession:
         return self._follow(stream, messages)
 
     def _follow(self, stream: Iterator[Delta], messages: list[Message]) -> Generator[Delta, None, None]:
-        response = Response(self._request_id)
+        response, epoch = Response(self._request_id), self._epoch
         try:
             for delta in stream:
                 response.add(delta)
@@ -111,7 +113,8 @@ class ChatSession:
                 self.engine.abort(response.request_id)
                 response.finish_reason = "abort"
             self._request_id = None
-            self._record(messages, response)
+            if epoch == self._epoch:
+                self._record(messages, response)
         if response.finish_reason == "error":
             raise LmdError(
                 f"the engine failed while generating ({self.engine.last_error}); the turn was dropped, "

@@ -92,6 +92,18 @@ def test_a_reply_stopped_before_any_text_drops_the_turn(chat_ws):
         assert session.messages == [] and session.last.text == ""
 
 
+def test_reset_while_a_reply_streams_aborts_it_and_stays_empty(chat_ws):
+    with Engine(chat_ws, start=False, **ENGINE_OPTIONS) as engine:
+        session = ChatSession(engine, GenerationConfig(temperature=0, max_new_tokens=50, ignore_eos=True))
+        deltas = session.stream("Hi there")
+        engine.step()
+        next(deltas)
+        session.reset()  # e.g. the web page's Reset button while the reply is streaming
+        engine.step()
+        assert [d.finish_reason for d in deltas] == ["abort"]
+        assert session.messages == [] and session.last is None and not session.generating
+
+
 def test_closing_the_stream_early_aborts_the_request(chat_ws):
     with Engine(chat_ws, start=False, **ENGINE_OPTIONS) as engine:
         session = ChatSession(engine, GenerationConfig(temperature=0, max_new_tokens=50, ignore_eos=True))
