@@ -23,7 +23,7 @@ from lmd.chat.options import (
 
 def chat_command(
     model: ModelArg,
-    model_name: ModelNameOpt = "hf",
+    model_name: ModelNameOpt = None,
     system: SystemOpt = None,
     temperature: TemperatureOpt = 0.8,
     top_p: TopPOpt = 0.8,

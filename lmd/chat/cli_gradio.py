@@ -34,7 +34,7 @@ def gradio_command(
     ] = "0.0.0.0",
     server_port: Annotated[int, typer.Option("--server-port", help="Port to listen on.")] = 6006,
     share: Annotated[bool, typer.Option("--share", help="Also publish a temporary public *.gradio.live link.")] = False,
-    model_name: ModelNameOpt = "hf",
+    model_name: ModelNameOpt = None,
     system: SystemOpt = None,
     temperature: TemperatureOpt = 0.8,
     top_p: TopPOpt = 0.8,

@@ -29,11 +29,11 @@ ModelArg = Annotated[
     ),
 ]
 ModelNameOpt = Annotated[
-    str,
+    str | None,
     typer.Option(
         "--model-name",
         help="Chat template when MODEL is not a workspace: llama2, llama3, vicuna, internlm, qwen, mistral, "
-        "base or hf (the tokenizer's own). A workspace keeps the one it was deployed with.",
+        "base or hf (the tokenizer's own; the default). A workspace keeps the one it was deployed with.",
     ),
 ]
 SystemOpt = Annotated[
@@ -121,29 +121,27 @@ def split_flags(flags: dict[str, Any]) -> tuple[GenerationConfig, dict[str, Any]
 
 
 @contextmanager
-def open_chat_engine(model: str, model_name: str, overrides: dict[str, Any]) -> Iterator[Engine]:
+def open_chat_engine(model: str, model_name: str | None, overrides: dict[str, Any]) -> Iterator[Engine]:
     """The engine for MODEL, closed (and a temporary workspace removed) on exit."""
-    from pathlib import Path
-
     from rich.console import Console
 
     from lmd.chat.templates import get_chat_template
     from lmd.turbomind.workspace import is_workspace
 
-    workspace = is_workspace(model)
-    if not workspace:
-        get_chat_template(model_name)  # a typo fails before the slow deploy
-        if Path(model).suffix == ".gguf" and not Path(model).expanduser().is_file():
-            raise LmdError(f"{model} does not exist; give a workspace, an HF model directory or a .gguf file")
-    what = (
-        f"loading {model}"
-        if workspace
-        else f"deploying {model} into a temporary workspace (`lmd deploy` it once to skip this)"
-    )
+    if is_workspace(model):
+        if model_name is not None:
+            raise LmdError(
+                f"{model} is a workspace: its chat template was fixed by `lmd deploy`; leave out "
+                "--model-name or redeploy with another MODEL_NAME"
+            )
+        what = f"loading {model}"
+    else:
+        get_chat_template(model_name or "hf")  # a typo fails before the slow deploy
+        what = f"deploying {model} into a temporary workspace (`lmd deploy` it once to skip this)"
     with Console(stderr=True).status(what):
         from lmd.turbomind.pipeline import Pipeline
 
-        pipe = Pipeline(model, model_name, **overrides)
+        pipe = Pipeline(model, model_name or "hf", **overrides)
     try:
         yield pipe.engine
     finally:

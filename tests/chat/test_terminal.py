@@ -99,6 +99,18 @@ def test_bad_flag_is_one_line_and_non_zero(chat_ws):
     )
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == ["lmd: --top-p 0.0 is invalid; use a number in (0, 1] (1 = off)"]
+    named = subprocess.run(
+        [sys.executable, "-m", "lmd", "chat", str(chat_ws), "--model-name", "qwen"],
+        capture_output=True,
+        text=True,
+        input="",
+    )
+    assert named.returncode == 1
+    assert named.stderr.strip().splitlines() == [
+        f"lmd: {chat_ws} is a workspace: its chat template was fixed by "
+        "`lmd deploy`; leave out --model-name or redeploy with another "
+        "MODEL_NAME"
+    ]
     missing = subprocess.run(
         [sys.executable, "-m", "lmd", "chat", "no/such/model.gguf"], capture_output=True, text=True, input=""
     )
