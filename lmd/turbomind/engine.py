@@ -196,9 +196,9 @@ class Engine:
             try:
                 progressed = self.step()
             except Exception as exc:  # a failed step ends every request in flight, the engine stays usable
+                self.last_error = exc  # first: a reader may look at it as soon as its "error" delta lands
                 for seq_id in list(self._states):
                     self._finish(seq_id, "error")
-                self.last_error = exc
                 continue
             if not progressed:
                 with self._cv:
