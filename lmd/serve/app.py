@@ -6,6 +6,7 @@ The app never owns the engine: whoever built it starts and closes it (`lmd serve
 
 from __future__ import annotations
 
+import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -25,6 +26,8 @@ from lmd.serve.streaming import AbortingEventStream, sse_event, unless_disconnec
 from lmd.turbomind.engine import Engine
 from lmd.turbomind.request_stream import RequestStream
 from lmd.turbomind.request_stream import Response as EngineResponse
+
+_log = logging.getLogger("lmd.serve")
 
 
 @dataclass
@@ -173,7 +176,9 @@ class _Server:
         yield sse_event("[DONE]")
 
     def engine_failure(self) -> ApiError:
-        return ApiError(500, f"the engine failed while generating: {self.engine.last_error!r}; retry the request")
+        error = self.engine.last_error
+        _log.error("an engine step failed; its requests ended with an error", exc_info=error)
+        return ApiError(500, f"the engine failed while generating: {error!r}; retry the request")
 
 
 async def _collect(stream: RequestStream) -> EngineResponse:

@@ -87,7 +87,7 @@ def serve_command(
         dtype=dtype,
     )
     keys = [k for k in (api_keys or []) if k]
-    with open_chat_engine(model, chat_template or "hf", {k: v for k, v in overrides.items() if v is not None}) as engine:
+    with open_chat_engine(model, chat_template, {k: v for k, v in overrides.items() if v is not None}) as engine:
         _run(engine, model_name or _default_name(model), keys, host, port, log_level)
 
 
