@@ -66,14 +66,22 @@ class RequestStream:
         self._queue: queue.SimpleQueue[Delta] = queue.SimpleQueue()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._async_queue: asyncio.Queue[Delta] | None = None
+        self._orphaned = False
 
     def put(self, delta: Delta) -> None:
-        """Called from the engine thread."""
+        """Called from the engine thread. Never raises: a consumer whose event loop has closed gets its request
+        aborted (once) and its remaining deltas dropped, so one dead client cannot stop the engine loop."""
+        orphaned = False
         with self._lock:
             if self._loop is None:
                 self._queue.put(delta)
-            else:
-                self._loop.call_soon_threadsafe(self._async_queue.put_nowait, delta)  # type: ignore[union-attr]
+            elif not self._orphaned:
+                try:
+                    self._loop.call_soon_threadsafe(self._async_queue.put_nowait, delta)  # type: ignore[union-attr]
+                except RuntimeError:  # "Event loop is closed"
+                    self._orphaned = orphaned = True
+        if orphaned and delta.finish_reason is None:
+            self._abort(self.request_id)
 
     def abort(self) -> None:
         self._abort(self.request_id)
