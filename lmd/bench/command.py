@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from lmd.errors import LmdError
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+    from lmd.bench.dataset import Conversation
+    from lmd.bench.engine_setup import EngineOverrides
+    from lmd.bench.sampling import BenchRequest, SamplingConfig
+    from lmd.turbomind.engine import Engine
 
 bench_app = typer.Typer(
     help="Benchmark the engine: throughput over a prompt set, latency at fixed lengths.", no_args_is_help=True
@@ -43,7 +51,7 @@ Seed = Annotated[int, typer.Option("--seed", help="Seed of the prompt sample (an
 AsJson = Annotated[bool, typer.Option("--json", help="Print the report as JSON instead of a table.")]
 
 
-def _overrides(options: dict[str, Any], **changes: Any) -> Any:
+def _overrides(options: dict[str, Any], **changes: Any) -> EngineOverrides:
     """EngineOverrides from the command's own parameters (they share the field names), with `changes` applied."""
     from dataclasses import fields
 
@@ -52,7 +60,7 @@ def _overrides(options: dict[str, Any], **changes: Any) -> Any:
     return EngineOverrides(**{f.name: options[f.name] for f in fields(EngineOverrides)} | changes)
 
 
-def _progress(label: str, total: int, enabled: bool) -> Any:
+def _progress(label: str, enabled: bool) -> Progress:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -158,7 +166,7 @@ def throughput_command(
         from lmd.bench.report import print_throughput, throughput_report
         from lmd.bench.throughput import run_throughput
 
-        with _progress("bench throughput", len(requests), not as_json) as bar:
+        with _progress("bench throughput", not as_json) as bar:
             task = bar.add_task("requests", total=len(requests))
             run = run_throughput(engine, requests, concurrency, temperature, seed, lambda _: bar.advance(task))
     report = throughput_report(run, settings)
@@ -168,34 +176,30 @@ def throughput_command(
         print_throughput(report)
 
 
-def _requests(engine: Any, conversations: list, sampling: Any, random_input_len: int, raw: bool) -> list:
+def _requests(
+    engine: Engine, conversations: list[Conversation], sampling: SamplingConfig, random_input_len: int, raw: bool
+) -> list[BenchRequest]:
+    """Sampled dataset requests, or random ones when there are no conversations (--dataset random)."""
     import dataclasses
 
+    from lmd.bench.engine_setup import random_token_space
     from lmd.bench.sampling import random_requests, sample_requests
 
     if not conversations:
-        vocab = min(engine.workspace.model.vocab_size, len(engine.tokenizer))
         output_len = sampling.fixed_output_len or sampling.max_output_len
         if random_input_len + output_len > engine.max_len:
             raise LmdError(
                 f"--random-input-len {random_input_len} + {output_len} output tokens exceeds the engine's "
                 f"{engine.max_len} tokens per session; shorten them or raise --session-len"
             )
-        return random_requests(
-            sampling.num_prompts,
-            random_input_len,
-            output_len,
-            vocab,
-            sampling.seed,
-            tuple({*engine.eos_ids, *engine.tokenizer.all_special_ids}),
-        )
+        vocab, banned = random_token_space(engine)
+        return random_requests(sampling.num_prompts, random_input_len, output_len, vocab, sampling.seed, banned)
     tokenizer = engine.tokenizer
-    sampling = dataclasses.replace(sampling, max_total_len=engine.max_len)
     return sample_requests(
         conversations,
         lambda text: engine.encode(text, apply_chat_template=not raw),
         lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"]),
-        sampling,
+        dataclasses.replace(sampling, max_total_len=engine.max_len),
     )
 
 
@@ -247,7 +251,7 @@ def latency_command(
         }
         check_fits(config, pipe.engine.max_len, pipe.engine.workspace.engine.max_batch_size)
         total = len(config.batch_sizes) * (warmup + iters)
-        with _progress("bench latency", total, not as_json) as bar:
+        with _progress("bench latency", not as_json) as bar:
             task = bar.add_task("iterations", total=total)
             results = run_latency(pipe.engine, config, lambda: bar.advance(task))
     report = latency_report(results, settings)

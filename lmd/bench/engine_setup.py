@@ -62,3 +62,9 @@ def engine_facts(engine: Engine, model: str) -> dict[str, Any]:
         "max_len": engine.max_len,
         "engine_config": asdict(engine.workspace.engine),
     }
+
+
+def random_token_space(engine: Engine) -> tuple[int, tuple[int, ...]]:
+    """(vocabulary size, ids to avoid) for random prompts: ids the tokenizer knows, minus EOS and special tokens."""
+    vocab = min(engine.workspace.model.vocab_size, len(engine.tokenizer))
+    return vocab, tuple(sorted({*engine.eos_ids, *getattr(engine.tokenizer, "all_special_ids", ())}))

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from lmd.bench.engine_setup import random_token_space
 from lmd.bench.sampling import BenchRequest, random_requests
 from lmd.bench.stats import Summary, summarize
 from lmd.bench.throughput import counter_growth
@@ -105,8 +106,7 @@ def run_latency(
     clock: Clock = time.perf_counter,
 ) -> list[BatchLatency]:
     check_fits(config, engine.max_len, engine.workspace.engine.max_batch_size)
-    vocab = min(engine.workspace.model.vocab_size, len(engine.tokenizer))
-    banned = {*engine.eos_ids, *getattr(engine.tokenizer, "all_special_ids", ())}
+    vocab, banned = random_token_space(engine)
     results, draw = [], config.seed
     for batch_size in config.batch_sizes:
         timed: list[list[Timeline]] = []
@@ -115,7 +115,7 @@ def run_latency(
         for i in range(config.warmup + config.iters):
             if i == config.warmup:
                 before = engine.stats()
-            requests = random_requests(batch_size, config.input_len, config.output_len, vocab, draw, tuple(banned))
+            requests = random_requests(batch_size, config.input_len, config.output_len, vocab, draw, banned)
             draw += 1
             start = clock()
             batch = asyncio.run(_one_batch(engine, requests, start, clock))
