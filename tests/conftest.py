@@ -88,3 +88,30 @@ def smollm2_hf(smollm2_gguf, tmp_path_factory) -> Path:
     load_causal_lm(source).save_pretrained(out)
     load_tokenizer(source).save_pretrained(out)
     return out
+
+
+def deploy_tiny(root: Path, model_type: str = "llama", model_name: str = "base", randomize_bias: bool = False,
+                **overrides) -> tuple[Path, Path]:
+    """(HF source dir, workspace dir) of a tiny random model."""
+    from lmd.deploy.converter import deploy
+
+    src = build_tiny_model(root / "hf", model_type, **overrides)
+    if randomize_bias:  # HF initialises biases to zero, which would hide a bias that is dropped
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+        torch.manual_seed(1)
+        for name, param in model.named_parameters():
+            if name.endswith(".bias"):
+                param.data.normal_(0, 0.5)
+        model.save_pretrained(src)
+    ws = deploy(model_name, str(src), str(root / "ws"), dtype="float32", progress=False)
+    return src, ws
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_ws(tmp_path_factory) -> tuple[Path, Path]:
+    """(HF dir, workspace) of a tiny random Llama deployed with MODEL_NAME `hf` (SmolLM2 tokenizer, ChatML); shared,
+    never modified: copy it first to change files."""
+    return deploy_tiny(tmp_path_factory.mktemp("tiny-llama-ws"), "llama", model_name="hf")

@@ -157,9 +157,9 @@ class Engine:
             state = self._states[seq_id]
             delta = state.advance(token, logprob, alternatives)
             self._counts["generated_tokens"] += 1
-            state.stream.put(delta)
-            if delta.finish_reason is not None:
+            if delta.finish_reason is not None:  # free first: a reader of the last delta sees the request gone
                 self._finish(seq_id, None)
+            state.stream.put(delta)
 
     def _admit(self, state: RequestState) -> None:
         self._states[state.seq.seq_id] = state

@@ -6,8 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.turbomind.conftest import deploy_tiny
-
 # Small blocks and a small prefill budget so a handful of requests already exercises batching and chunking.
 ENGINE_OPTIONS = dict(
     device="cpu",
@@ -20,8 +18,8 @@ ENGINE_OPTIONS = dict(
 
 
 @pytest.fixture(scope="session")
-def bench_ws(tmp_path_factory, tokenizer) -> Path:
-    return deploy_tiny(tmp_path_factory.mktemp("bench-ws"), "llama", model_name="hf")[1]
+def bench_ws(tiny_llama_ws) -> Path:
+    return tiny_llama_ws[1]
 
 
 @pytest.fixture(scope="module")

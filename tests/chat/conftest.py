@@ -6,17 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.turbomind.conftest import deploy_tiny
-
 # Small KV blocks so the prefix cache works at the scale of a few-token conversation.
 ENGINE_OPTIONS = dict(cache_block_seq_len=4, cache_max_entry_count=96, session_len=256, device="cpu")
 BLOCK = ENGINE_OPTIONS["cache_block_seq_len"]
 
 
 @pytest.fixture(scope="session")
-def chat_model(tokenizer, tmp_path_factory) -> tuple[Path, Path]:
-    """(HF source dir, workspace dir); needs the SmolLM2 tokenizer for its chat template."""
-    return deploy_tiny(tmp_path_factory.mktemp("chat-tiny-llama"), "llama", model_name="hf")
+def chat_model(tiny_llama_ws) -> tuple[Path, Path]:
+    """(HF source dir, workspace dir); the SmolLM2 tokenizer gives it a chat template."""
+    return tiny_llama_ws
 
 
 @pytest.fixture(scope="session")

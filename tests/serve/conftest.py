@@ -6,15 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.turbomind.conftest import deploy_tiny
-
 ENGINE_OPTIONS = dict(cache_block_seq_len=4, cache_max_entry_count=64, max_context_token_num=24, device="cpu")
 MODEL = "tiny"
 
 
 @pytest.fixture(scope="session")
-def serve_ws(tmp_path_factory, tokenizer) -> Path:
-    return deploy_tiny(tmp_path_factory.mktemp("serve-ws"), "llama", model_name="hf")[1]
+def serve_ws(tiny_llama_ws) -> Path:
+    return tiny_llama_ws[1]
 
 
 @pytest.fixture(scope="module")

@@ -157,3 +157,12 @@ def test_empty_prompt_and_closed_engine_are_refused_and_close_ends_streams(tiny_
     assert pending.result().finish_reason == "abort" and engine.stats().blocks_used == 0
     with pytest.raises(LmdError, match="closed"):
         engine.generate(_prompts()[0], GREEDY)
+
+
+def test_a_finished_stream_has_already_released_its_request(tiny_llama_ws):
+    # The last delta is put after the request is freed: whoever reads it sees the engine idle (no race with stats()).
+    with Engine(tiny_llama_ws[1], cache_block_seq_len=4, cache_max_entry_count=64) as engine:
+        for n in range(1, 6):
+            engine.generate(_prompts()[n], GenerationConfig(max_new_tokens=n, temperature=0)).result()
+            stats = engine.stats()
+            assert stats.running == 0 and stats.waiting == 0 and stats.blocks_used == 0

@@ -9,7 +9,7 @@ from lmd.turbomind.forward_batch import ForwardBatch
 from lmd.turbomind.kv_cache import KVCache
 from lmd.turbomind.model_runner import ModelRunner
 from lmd.turbomind.workspace import open_workspace
-from tests.turbomind.conftest import deploy_tiny
+from tests.conftest import deploy_tiny
 
 BLOCK = 4
 
