@@ -1,49 +1,63 @@
 """Attention of a flat token batch over the paged KV cache.
 
-`paged_attention` is the dispatch point: a Triton kernel in `kernels/paged_attention.py` (when present) runs on CUDA;
-`paged_attention_reference` (gather each sequence's K/V from its blocks, then SDPA with a causal offset) runs
-everywhere else and is the oracle of any kernel.
+`paged_attention` is the dispatch point. `paged_attention_reference` (gather each sequence's K/V from its blocks, then
+SDPA with a causal offset) is the default everywhere and the oracle of the kernel. The Triton kernels
+(`kernels/paged_attention.py`, reading K/V straight from the blocks) run only when LMD_ATTENTION=triton, on CUDA
+tensors (or on CPU under TRITON_INTERPRET=1, as the tests do), for shapes they support; until they are checked on a
+GPU (benchmarks/gpu_attention_tests.py) they stay opt-in.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
+from lmd.errors import LmdError
 from lmd.turbomind.forward_batch import ForwardBatch
 from lmd.turbomind.kv_cache import KVCache
 
 
-def paged_attention(q: torch.Tensor, cache: KVCache, layer: int, batch: ForwardBatch, scale: float,
-                    fused: bool = True) -> torch.Tensor:
+def paged_attention(
+    q: torch.Tensor, cache: KVCache, layer: int, batch: ForwardBatch, scale: float, fused: bool = True
+) -> torch.Tensor:
     """q [T, Hq, D] (new tokens, already rotated; their K/V already written) -> out [T, Hq, D].
-    `fused` (config.ini use_context_fmha) picks SDPA / the Triton kernel; False runs the explicit softmax path."""
-    if q.is_cuda and fused:
+    `fused` (config.ini use_context_fmha) picks SDPA / the Triton kernel; False runs the explicit softmax path.
+    A shape or device the kernel does not take (e.g. head dim 80, CPU without the interpreter) runs the reference."""
+    if fused and _triton_requested():
         kernel = _triton_kernel()
-        if kernel is not None:
-            return kernel(q, cache, layer, batch, scale)
+        if kernel is not None and kernel[1](q, cache) is None:
+            return kernel[0](q, cache, layer, batch, scale)
     return paged_attention_reference(q, cache, layer, batch, scale, fused)
 
 
+def _triton_requested() -> bool:
+    choice = os.environ.get("LMD_ATTENTION") or "reference"
+    if choice not in ("reference", "triton"):
+        raise LmdError(f"LMD_ATTENTION={choice!r}: use 'reference' (the default) or 'triton'")
+    return choice == "triton"
+
+
 @functools.cache
-def _triton_kernel() -> Callable[..., torch.Tensor] | None:
+def _triton_kernel() -> tuple[Callable[..., torch.Tensor], Callable[..., str | None]] | None:
     try:
-        from lmd.turbomind.kernels.paged_attention import paged_attention_triton
-    except ImportError:
+        from lmd.turbomind.kernels.paged_attention import paged_attention_triton, unsupported_reason
+    except ImportError:  # no Triton: the engine still runs, on the reference
         return None
-    return paged_attention_triton
+    return paged_attention_triton, unsupported_reason
 
 
-def paged_attention_reference(q: torch.Tensor, cache: KVCache, layer: int, batch: ForwardBatch, scale: float,
-                              fused: bool = True) -> torch.Tensor:
+def paged_attention_reference(
+    q: torch.Tensor, cache: KVCache, layer: int, batch: ForwardBatch, scale: float, fused: bool = True
+) -> torch.Tensor:
     out = torch.empty_like(q)
     groups = q.shape[1] // cache.k[layer].shape[2]
     for start, n, ctx, table in zip(batch.q_starts, batch.q_lens, batch.ctx_lens, batch.block_tables, strict=True):
         k, v = cache.read(layer, table, ctx)  # [ctx, Hkv, D]
-        qi = q[start:start + n].transpose(0, 1)  # [Hq, n, D]
+        qi = q[start : start + n].transpose(0, 1)  # [Hq, n, D]
         ki = k.transpose(0, 1).repeat_interleave(groups, dim=0)
         vi = v.transpose(0, 1).repeat_interleave(groups, dim=0)
         # query j sits at position ctx - n + j and sees keys 0 .. ctx - n + j
@@ -55,5 +69,5 @@ def paged_attention_reference(q: torch.Tensor, cache: KVCache, layer: int, batch
             if mask is not None:
                 scores = scores.masked_fill(~mask, float("-inf"))
             o = (scores.softmax(dim=-1) @ vi.float()).to(q.dtype)
-        out[start:start + n] = o.transpose(0, 1)
+        out[start : start + n] = o.transpose(0, 1)
     return out

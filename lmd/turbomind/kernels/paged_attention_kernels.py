@@ -1,0 +1,218 @@
+"""The paged-attention kernels. K/V tiles are read straight from the block pool through each sequence's block table
+(int32 ids, int64 offsets: a pool of many GiB overflows int32) and folded into an online softmax (exp2 domain, fp32
+accumulators; P is rounded to the compute dtype before P @ V, as in flash attention).
+
+    _attention_kernel  grid (tiles, KV heads, splits). A tile is (sequence, first query token): BLOCK_M rows = BLOCK_M
+                       // G_ROWS query tokens x G_ROWS rows per token, the GQA group's query heads padded to a power
+                       of two, so K/V are read once per group. Prefill chunks: BLOCK_M = 64 or so, SPLITS = 1;
+                       decodes: one token per tile (G_ROWS = BLOCK_M >= 16 rows for tl.dot) and the context split
+                       into SPLITS contiguous slices (flash-decoding), each writing a partial (acc, max, sum)
+    _combine_kernel    grid (decode tiles, query heads): merges the splits' partials
+
+A tile's keys are its sequence's cached tokens plus the causal part of its own: query token j of a chunk of n sits at
+position ctx - n + j and sees keys 0 .. ctx - n + j. seq_info [B, 3] int32 holds per sequence its first row in the flat
+batch, query length and context length; tiles [num_tiles, 2] int32 (sequence, first query token).
+
+KV_MODE: 0 = cache in the compute dtype; 1 = int8 codes with static (scale, zero) per KV head and channel, given as a
+[4, Hkv, D] fp32 table (k_scale, k_zero, v_scale, v_zero); 2 = int8 codes with online fp16 (scale, zero) per token
+and head stored beside the codes ([blocks, block, Hkv, 2]). Dequantized values are rounded to the compute dtype
+before the dots, as the PyTorch reference does.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _key_rows(
+    table_ptr, keys, key_ok, stride_cb, stride_ct, stride_pb, stride_pt, BLOCK_SIZE: tl.constexpr, MASKED: tl.constexpr
+):
+    """Offsets of `keys` (token positions of one sequence) in the cache and in the online params, int64 [BLOCK_N]."""
+    if MASKED:
+        block = tl.load(table_ptr + keys // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
+    else:
+        block = tl.load(table_ptr + keys // BLOCK_SIZE).to(tl.int64)
+    in_block = (keys % BLOCK_SIZE).to(tl.int64)
+    return block * stride_cb + in_block * stride_ct, block * stride_pb + in_block * stride_pt
+
+
+@triton.jit
+def _kv_tile(
+    cache_ptr,
+    param_ptr,
+    s_vec,
+    z_vec,
+    rows,
+    param_rows,
+    key_ok,
+    offs_d,
+    KV_MODE: tl.constexpr,
+    MASKED: tl.constexpr,
+    OUT_DTYPE: tl.constexpr,
+):
+    """K or V rows [BLOCK_N, D] in OUT_DTYPE (cache_ptr and param_ptr point at the KV head)."""
+    ptrs = cache_ptr + rows[:, None] + offs_d[None, :]
+    x = tl.load(ptrs, mask=key_ok[:, None], other=0) if MASKED else tl.load(ptrs)
+    if KV_MODE == 1:
+        x = (x.to(tl.float32) * s_vec[None, :] + z_vec[None, :]).to(OUT_DTYPE)
+    elif KV_MODE == 2:
+        params = param_ptr + param_rows
+        if MASKED:
+            s = tl.load(params, mask=key_ok, other=0.0).to(tl.float32)
+            z = tl.load(params + 1, mask=key_ok, other=0.0).to(tl.float32)
+        else:
+            s = tl.load(params).to(tl.float32)
+            z = tl.load(params + 1).to(tl.float32)
+        x = (x.to(tl.float32) * s[:, None] + z[:, None]).to(OUT_DTYPE)
+    return x
+
+
+@triton.jit
+def _attention_kernel(
+    q_ptr,
+    out_ptr,
+    part_ptr,
+    part_ml_ptr,
+    k_ptr,
+    v_ptr,
+    kp_ptr,
+    vp_ptr,
+    static_ptr,
+    tables_ptr,
+    seq_info_ptr,
+    tiles_ptr,
+    qk_scale,
+    num_kv_heads,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_table,
+    stride_cb,
+    stride_ct,
+    stride_ch,
+    stride_pb,
+    stride_pt,
+    stride_ph,
+    GROUP: tl.constexpr,
+    G_ROWS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    KV_MODE: tl.constexpr,
+    SPLITS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq = tl.load(tiles_ptr + 2 * tile)
+    q0 = tl.load(tiles_ptr + 2 * tile + 1)
+    q_start = tl.load(seq_info_ptr + 3 * seq)
+    q_len = tl.load(seq_info_ptr + 3 * seq + 1)
+    ctx = tl.load(seq_info_ptr + 3 * seq + 2)
+    table_ptr = tables_ptr + seq.to(tl.int64) * stride_table
+
+    rows = tl.arange(0, BLOCK_M)
+    tok = q0 + rows // G_ROWS
+    head = kv_head * GROUP + rows % G_ROWS
+    row_ok = (tok < q_len) & (rows % G_ROWS < GROUP)
+    offs_d = tl.arange(0, HEAD_DIM)
+    token = (q_start + tok).to(tl.int64)
+    q = tl.load(
+        q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :], mask=row_ok[:, None], other=0.0
+    )
+    # padding rows (tok >= q_len) get positions >= ctx: they see every key and are never stored
+    first_pos = ctx - q_len + q0
+    q_pos = first_pos + rows // G_ROWS
+    key_end = tl.minimum(first_pos + BLOCK_M // G_ROWS, ctx)  # one past the last key any row of the tile sees
+    per_split = tl.cdiv(tl.cdiv(key_end, BLOCK_N), SPLITS) * BLOCK_N
+    lo = tl.minimum(split * per_split, key_end)
+    hi = tl.minimum(lo + per_split, key_end)
+    # keys below first_pos + 1 are visible to every row: whole tiles of them run without masks or bounds checks
+    full_end = lo + (tl.maximum(tl.minimum(hi, first_pos + 1) - lo, 0) // BLOCK_N) * BLOCK_N
+
+    k_ptr += kv_head * stride_ch
+    v_ptr += kv_head * stride_ch
+    kp_ptr += kv_head * stride_ph
+    vp_ptr += kv_head * stride_ph
+    if KV_MODE == 1:
+        static = static_ptr + kv_head * HEAD_DIM + offs_d
+        plane = num_kv_heads * HEAD_DIM
+        ks, kz = tl.load(static), tl.load(static + plane)
+        vs, vz = tl.load(static + 2 * plane), tl.load(static + 3 * plane)
+    else:
+        ks = tl.full([HEAD_DIM], 1.0, tl.float32)
+        kz, vs, vz = ks, ks, ks
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for phase in tl.static_range(2):  # 0: the whole tiles every row sees, unmasked; 1: the rest, masked
+        if phase == 0:
+            first, end = lo, full_end
+        else:
+            first, end = full_end, hi
+        for start in range(first, end, BLOCK_N):
+            keys = start + tl.arange(0, BLOCK_N)
+            key_ok = keys < hi
+            krows, prows = _key_rows(
+                table_ptr, keys, key_ok, stride_cb, stride_ct, stride_pb, stride_pt, BLOCK_SIZE, phase == 1
+            )
+            k = _kv_tile(k_ptr, kp_ptr, ks, kz, krows, prows, key_ok, offs_d, KV_MODE, phase == 1, q.dtype)
+            qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+            if phase == 1:
+                qk = tl.where(key_ok[None, :] & (keys[None, :] <= q_pos[:, None]), qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            # a row that has seen no key yet (all masked so far) keeps m = -inf, l = 0, acc = 0: subtract 0, not -inf
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_ref)
+            p = tl.exp2(qk - m_ref[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = _kv_tile(v_ptr, vp_ptr, vs, vz, krows, prows, key_ok, offs_d, KV_MODE, phase == 1, q.dtype)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+            m_i = m_new
+
+    if SPLITS == 1:
+        out = acc / l_i[:, None]
+        out_ptrs = out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
+        tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        # one query token per tile: partial acc (unnormalized) [tiles, Hq, SPLITS, D] and (max, sum) [tiles, Hq,
+        # SPLITS, 2]; an empty split (lo == key_end) writes max = -inf, sum = 0 and adds nothing in the combine
+        slot = ((tile * num_kv_heads * GROUP + head) * SPLITS + split).to(tl.int64)
+        tl.store(part_ptr + slot[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=row_ok[:, None])
+        tl.store(part_ml_ptr + 2 * slot, m_i, mask=row_ok)
+        tl.store(part_ml_ptr + 2 * slot + 1, l_i, mask=row_ok)
+
+
+@triton.jit
+def _combine_kernel(
+    part_ptr,
+    part_ml_ptr,
+    out_ptr,
+    seq_info_ptr,
+    tiles_ptr,
+    num_heads,
+    stride_ot,
+    stride_oh,
+    SPLITS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    head = tl.program_id(1)
+    s = tl.arange(0, SPLITS_PAD)
+    s_ok = s < SPLITS
+    slot = ((tile * num_heads + head) * SPLITS + s).to(tl.int64)
+    m = tl.load(part_ml_ptr + 2 * slot, mask=s_ok, other=float("-inf"))
+    l_s = tl.load(part_ml_ptr + 2 * slot + 1, mask=s_ok, other=0.0)
+    w = tl.exp2(m - tl.max(m, 0))  # split 0 always holds key 0, so the max is finite
+    offs_d = tl.arange(0, HEAD_DIM)
+    acc = tl.load(part_ptr + slot[:, None] * HEAD_DIM + offs_d[None, :], mask=s_ok[:, None], other=0.0)
+    out = tl.sum(acc * w[:, None], 0) / tl.sum(l_s * w, 0)
+    seq = tl.load(tiles_ptr + 2 * tile)
+    token = tl.load(seq_info_ptr + 3 * seq).to(tl.int64)
+    tl.store(out_ptr + token * stride_ot + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty))

@@ -1,0 +1,245 @@
+"""The Triton paged-attention kernels (Triton's CPU interpreter, small shapes) against paged_attention_reference.
+
+All cases run in one fresh process (this file run as a script): TRITON_INTERPRET must be set before Triton decorates
+the kernels. Each case fills a paged cache (the pool first poisoned with NaN, block ids shuffled) through
+KVCache.write, so the kernel reads exactly what the engine would store; the script prints one JSON object, case name
+-> max abs error (or the exception text), and the tests assert on each entry.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import traceback
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+TOL = {"fp32": 2e-5, "fp16": 4e-3}  # fp16: the kernel rounds P to fp16 before P @ V (flash-attention style)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    seqs: tuple[tuple[int, int], ...]  # (new tokens, cached tokens before them) per sequence
+    dtype: str = "fp32"
+    kv: str = "float"  # float | static-head | static-channel | online
+    q_heads: int = 4
+    kv_heads: int = 2
+    head_dim: int = 64
+    block_size: int = 16
+    splits: int = 0  # decode split-K (0: the wrapper's choice)
+    block_m: int = 16
+    block_n: int = 16
+
+
+DECODES = ((1, 0), (1, 16), (1, 49), (1, 99))
+MIXED = ((1, 40), (13, 0), (1, 7), (21, 30), (2, 63))
+CASES = (
+    Case("decode-mha", DECODES, q_heads=2),
+    Case("decode-gqa4-split3", DECODES, q_heads=8, splits=3),
+    Case("decode-fp16-d128-bs32-split4", ((1, 32), (1, 69), (1, 128)), "fp16", head_dim=128, block_size=32, splits=4),
+    Case("prefill-gqa3", ((37, 0), (20, 0)), q_heads=6),
+    Case("prefill-chunk-fp16-d128-bs64", ((24, 40), (9, 7)), "fp16", head_dim=128, block_size=64, block_m=32),
+    Case("mixed-bs32", MIXED, block_size=32, splits=2),
+    Case("mixed-fp16-gqa4-bn32", MIXED, "fp16", q_heads=8, block_m=64, block_n=32),
+    Case("int8-static-head", MIXED, kv="static-head", splits=2),
+    Case("int8-static-channel-fp16", MIXED, "fp16", kv="static-channel", head_dim=128, block_size=32),
+    Case("int8-online", MIXED, kv="online", block_size=64, splits=4),
+    Case("int8-online-fp16-gqa4", MIXED, "fp16", kv="online", q_heads=8),
+)
+DISPATCHED = "dispatch-default-config-fp16"  # paged_attention() with LMD_ATTENTION=triton, default block shapes
+
+
+def _fill_cache(case: Case, gen, dtype):
+    """A cache holding every sequence's K/V in shuffled blocks, its batch, and the batch's queries."""
+    import torch
+
+    from lmd.turbomind.forward_batch import ForwardBatch
+    from lmd.turbomind.kv_cache import KVCache
+    from lmd.turbomind.kv_int8 import StaticKVParams
+
+    bs, hkv, d = case.block_size, case.kv_heads, case.head_dim
+    need = [-(-(n + start) // bs) for n, start in case.seqs]
+    num_blocks = sum(need) + 3
+    static = None
+    if case.kv.startswith("static"):
+        width = 1 if case.kv == "static-head" else d
+        params = [
+            torch.rand(hkv, width, generator=gen) * 0.02 + 0.02
+            if i % 2 == 0
+            else torch.randn(hkv, width, generator=gen) * 0.3
+            for i in range(4)
+        ]
+        static = StaticKVParams(*((p,) for p in params))
+    cache = KVCache(1, num_blocks, bs, hkv, d, dtype, torch.device("cpu"), int8=case.kv != "float", static_params=static)
+    for t in (cache.k[0], cache.v[0]) if case.kv == "float" else (*cache.k_param, *cache.v_param):
+        t.fill_(float("nan"))  # a key read past a sequence's end would poison its row
+    ids = torch.randperm(num_blocks, generator=gen).tolist()
+    chunks = []
+    for (n, start), count in zip(case.seqs, need, strict=True):
+        table, ids = ids[:count], ids[count:]
+        chunks.append((list(range(n)), start, table))
+        prefix = ForwardBatch.build([(list(range(start + n)), 0, table)], bs, [], torch.device("cpu"))
+        k = torch.randn(start + n, hkv, d, generator=gen) * 2
+        cache.write(0, k.to(dtype), torch.randn(start + n, hkv, d, generator=gen).to(dtype), prefix.slots)
+    batch = ForwardBatch.build(chunks, bs, [], torch.device("cpu"))
+    q = torch.randn(batch.num_tokens, case.q_heads, d, generator=gen).to(dtype)
+    return cache, batch, q
+
+
+def run_case(case: Case) -> float:
+    import torch
+
+    from lmd.turbomind.kernels.paged_attention import AttentionConfig, paged_attention_triton
+    from lmd.turbomind.paged_attention import paged_attention_reference
+
+    dtype = {"fp32": torch.float32, "fp16": torch.float16}[case.dtype]
+    cache, batch, q = _fill_cache(case, torch.Generator().manual_seed(zlib.crc32(case.name.encode())), dtype)
+    scale = case.head_dim**-0.5
+    ref = paged_attention_reference(q, cache, 0, batch, scale, fused=False).float()
+    cfg = AttentionConfig(block_m=case.block_m, block_n=case.block_n, num_splits=case.splits)
+    out = paged_attention_triton(q, cache, 0, batch, scale, cfg)
+    assert out.shape == q.shape and out.dtype == q.dtype and torch.isfinite(ref).all()
+    return (out.float() - ref).abs().max().item()
+
+
+def run_dispatched() -> float:
+    import torch
+
+    from lmd.turbomind.paged_attention import paged_attention, paged_attention_reference
+
+    case = Case(DISPATCHED, ((1, 70), (50, 20), (3, 0)), "fp16", q_heads=4, kv_heads=1, head_dim=64)
+    cache, batch, q = _fill_cache(case, torch.Generator().manual_seed(7), torch.float16)
+    os.environ["LMD_ATTENTION"] = "triton"
+    out = paged_attention(q, cache, 0, batch, 0.125)
+    os.environ["LMD_ATTENTION"] = "reference"
+    return (out.float() - paged_attention_reference(q, cache, 0, batch, 0.125, fused=False).float()).abs().max().item()
+
+
+def run_bad_shapes() -> list[str]:
+    import torch
+
+    from lmd.turbomind.kernels.paged_attention import paged_attention_triton
+
+    cache, batch, q = _fill_cache(Case("bad", ((3, 2),)), torch.Generator().manual_seed(3), torch.float32)
+    messages = []
+    for bad in (q[:2], q[:, :3], q.to(torch.float16), q.transpose(1, 2).contiguous().transpose(1, 2)):
+        try:
+            paged_attention_triton(bad, cache, 0, batch, 0.1)
+            messages.append("accepted")
+        except ValueError as e:
+            messages.append(str(e))
+    return messages
+
+
+def engine_logits(ws: str, attention: str, **overrides):
+    """A tiny model's logits over three steps with shuffled block tables: two prefills; a decode beside a prefill
+    chunk over cached tokens; two decodes."""
+    import torch
+
+    from lmd.turbomind.forward_batch import ForwardBatch
+    from lmd.turbomind.model_runner import ModelRunner
+    from lmd.turbomind.workspace import open_workspace
+
+    os.environ["LMD_ATTENTION"] = attention
+    runner = ModelRunner(open_workspace(ws, cache_block_seq_len=16, cache_max_entry_count=16, **overrides))
+    a, b = torch.randint(0, 49152, (40,), generator=torch.Generator().manual_seed(11)).tolist(), list(range(5, 40))
+    ta, tb = [9, 2, 14], [5, 0, 11]
+    steps = (
+        [(a[:20], 0, ta), (b[:3], 0, tb)],
+        [(a[20:21], 20, ta), (b[3:30], 3, tb)],
+        [(a[21:22], 21, ta), (b[30:31], 30, tb)],
+    )
+    logits = []
+    for chunks in steps:
+        rows = sum(len(c[0]) for c in chunks)
+        logits.append(
+            runner.model.forward(ForwardBatch.build(chunks, 16, list(range(rows)), runner.device), runner.cache)
+        )
+    os.environ["LMD_ATTENTION"] = "reference"
+    return torch.cat(logits)
+
+
+def run_engine(ws: str) -> dict[str, float]:
+    out = {}
+    for name, overrides in (("engine-fp32", {}), ("engine-int8-online", {"quant_policy": 4})):
+        ref, tri = engine_logits(ws, "reference", **overrides), engine_logits(ws, "triton", **overrides)
+        out[name] = ((tri - ref).abs().max() / (ref.amax(-1) - ref.amin(-1)).max()).item()
+    return out
+
+
+def main(ws: str) -> None:
+    assert os.environ.get("TRITON_INTERPRET") == "1", "run under TRITON_INTERPRET=1"
+    results: dict[str, object] = {}
+    jobs = [(c.name, lambda c=c: run_case(c)) for c in CASES] + [
+        (DISPATCHED, run_dispatched),
+        ("bad-shapes", run_bad_shapes),
+    ]
+    for name, job in jobs:
+        try:
+            results[name] = job()
+        except Exception:
+            results[name] = traceback.format_exc(limit=4)
+    try:
+        results.update(run_engine(ws))
+    except Exception:
+        results["engine-fp32"] = results["engine-int8-online"] = traceback.format_exc(limit=4)
+    json.dump(results, sys.stdout)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
+
+
+@pytest.fixture(scope="module")
+def interpreted(tiny_llama_ws) -> dict:
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO), LMD_ATTENTION="reference")
+    proc = subprocess.run(
+        [sys.executable, __file__, str(tiny_llama_ws[1])], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_kernel_matches_reference(interpreted: dict, case: Case) -> None:
+    err = interpreted[case.name]
+    assert isinstance(err, float), err
+    assert err < TOL[case.dtype], f"{case.name}: max abs error {err:.2e}"
+
+
+def test_dispatch_runs_the_kernel_when_asked(interpreted: dict) -> None:
+    err = interpreted[DISPATCHED]
+    assert isinstance(err, float), err
+    assert err < TOL["fp16"]
+
+
+def test_wrapper_rejects_bad_queries(interpreted: dict) -> None:
+    tokens, heads, dtype, strides = interpreted["bad-shapes"]
+    assert "tokens" in tokens and "multiple" in heads
+    assert "differs" in dtype and "contiguous head dim" in strides
+
+
+@pytest.mark.parametrize("name", ["engine-fp32", "engine-int8-online"])
+def test_engine_logits_match_the_reference_path(interpreted: dict, name: str) -> None:
+    err = interpreted[name]
+    assert isinstance(err, float), err
+    assert err < 1e-5, f"{name}: logits differ by {err:.2e} of their range"
+
+
+def test_unknown_attention_choice_is_refused(monkeypatch) -> None:
+    import torch
+
+    from lmd.errors import LmdError
+    from lmd.turbomind.paged_attention import paged_attention
+
+    monkeypatch.setenv("LMD_ATTENTION", "flash")
+    with pytest.raises(LmdError, match="LMD_ATTENTION='flash'"):
+        paged_attention(torch.zeros(1, 1, 16), None, 0, None, 1.0)  # type: ignore[arg-type]
