@@ -1,6 +1,6 @@
 """Full-shape GPU check and timing of the Triton paged-attention kernels against the PyTorch reference.
 
-    python3 benchmarks/gpu_attention_tests.py [--quick] [--no-sweep]
+    python3 benchmarks/gpu_attention_tests.py [--quick] [--no-sweep | --sweep-only]
 
 For Llama-2-7B heads (32 x 128), GQA 32/8 x 128 and SmolLM2's 9/3 x 64, fp16 and bf16, KV in the compute dtype or
 int8 (static per head, static per channel, online per token), block sizes 64 and 16, on batches of long-context
@@ -151,15 +151,26 @@ def sweep(shape: Shape, model: str, configs: list[AttentionConfig], gen: torch.G
         rows.append(
             dict(shape=shape.name, model=model, config=asdict(cfg), ms=ms, max_err=err, ok=err <= TOL[torch.float16])
         )
-    good = [r for r in rows if r.get("ok")]
-    if good:
-        best = min(good, key=lambda r: r["ms"])
-        print(
-            f"sweep {shape.name} {model}: best {best['ms']:.3f} ms with {best['config']} "
-            f"(default {rows[0].get('ms', float('nan')):.3f} ms)",
-            flush=True,
-        )
+    print(f"swept {shape.name} {model}: {len(rows)} configs", flush=True)
     return rows
+
+
+def print_sweep_summary(sweeps: list[dict]) -> None:
+    """Per swept case: the default config's time and the fastest correct config (the first row is the default)."""
+    cases: dict[tuple[str, str], list[dict]] = {}
+    for r in sweeps:
+        cases.setdefault((r["shape"], r["model"]), []).append(r)
+    for (shape, model), rows in cases.items():
+        good = [r for r in rows if r.get("ok")]
+        if not good:
+            print(f"sweep {shape} {model}: no config passed")
+            continue
+        best = min(good, key=lambda r: r["ms"])
+        changed = {k: v for k, v in best["config"].items() if v != rows[0]["config"][k]}
+        print(
+            f"sweep {shape:24s} {model:9s} default {rows[0].get('ms', float('nan')):7.3f} ms, "
+            f"best {best['ms']:7.3f} ms with {changed or 'the default'}"
+        )
 
 
 DECODE_CONFIGS = [AttentionConfig()] + [
@@ -216,11 +227,12 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="GQA 32/8 only, fp16, half the shapes, no sweep")
     parser.add_argument("--no-sweep", action="store_true", help="skip the config sweep")
+    parser.add_argument("--sweep-only", action="store_true", help="only the config sweep (a second 10-minute call)")
     args = parser.parse_args()
     gen = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
     print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
-    results = [check(*run, gen) for run in runs(args.quick)]
+    results = [] if args.sweep_only else [check(*run, gen) for run in runs(args.quick)]
     sweeps: list[dict] = []
     if not (args.quick or args.no_sweep):
         sweeps += sweep(SHAPES[0], "gqa-32/8", DECODE_CONFIGS, gen)
@@ -233,6 +245,7 @@ def main() -> int:
         Path(os.environ["OUT"], "gpu_attention_tests.json").write_text(
             json.dumps(dict(device=torch.cuda.get_device_name(), checks=results, sweeps=sweeps), indent=1)
         )
+    print_sweep_summary(sweeps)
     print_summary(results)
     print(f"{len(results)} checks, {failures} failures")
     return 1 if failures else 0
