@@ -16,8 +16,9 @@ def kv_qparams_command(
     turbomind_dir: str = typer.Argument(..., help="workspace/triton_models/weights (or the workspace root)."),
     kv_bits: int = typer.Option(8, "--kv-bits", help="KV cache bits (only 8 is supported)."),
     kv_sym: bool = typer.Option(False, "--kv-sym", help="Symmetric: zero 0, scale absmax/127 (default asymmetric)."),
-    per_channel: bool = typer.Option(False, "--per-channel", help="One (scale, zero) per layer, KV head and head-dim "
-                                     "channel instead of per KV head (finer: RoPE'd key channels differ in range)."),
+    granularity: str = typer.Option("channel", "--granularity",
+                                    help="channel: one (scale, zero) per layer, KV head and head-dim channel; head: per "
+                                         "layer and KV head (LMDeploy's; coarser for the wide RoPE key channels)."),
     num_tp: int = typer.Option(1, "--num-tp", help="Tensor-parallel ranks; must equal config.ini tensor_para_size."),
     force: bool = typer.Option(False, "--force", help="Overwrite existing kv_qparams.rank*.safetensors files."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON instead of a table."),
@@ -27,7 +28,7 @@ def kv_qparams_command(
 
     result = export_kv_qparams(KVQParamsConfig(work_dir=work_dir, turbomind_dir=turbomind_dir, kv_bits=kv_bits,
                                                symmetric=kv_sym, num_tp=num_tp,
-                                               per_channel=per_channel, force=force))
+                                               granularity=granularity, force=force))
     if json_out:
         typer.echo(json.dumps(result.to_json()))
     else:

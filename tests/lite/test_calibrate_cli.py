@@ -78,16 +78,18 @@ def test_deploy_calibrate_kv_qparams_engine_reads_them(tmp_path, calib_text, mod
     calibrate(CalibrateConfig(model=str(model), work_dir=str(work), calib_dataset=str(calib_text), calib_samples=2,
                               calib_seqlen=32))
     key_stats = torch.load(work / "key_stats.pth")
-    for tp in (1, 2):
-        ws = converter.deploy("hf", str(model), str(tmp_path / f"ws{tp}"), tp=tp, dtype="float32", progress=False)
-        export_kv_qparams(KVQParamsConfig(str(work), str(ws), num_tp=tp))
+    for tp, granularity in ((1, "head"), (2, "head"), (2, "channel")):
+        ws = converter.deploy("hf", str(model), str(tmp_path / f"ws{tp}{granularity}"), tp=tp, dtype="float32",
+                              progress=False)
+        export_kv_qparams(KVQParamsConfig(str(work), str(ws), num_tp=tp, granularity=granularity))
         weights = Path(ws) / "triton_models" / "weights"
         assert sorted(p.name for p in weights.glob("kv_qparams*")) == [f"kv_qparams.rank{r}.safetensors"
                                                                        for r in range(tp)]
         # the engine runs every rank in one process: it reads all rank files back as one whole-model tensor per layer
         params = workspace_mod.open_workspace(ws).load_kv_qparams("cpu")
-        assert params is not None and params["layers.1.k_scale"].shape == (2,)
-        hi = key_stats["max"]["model.layers.1"].amax(-1)
-        lo = key_stats["min"]["model.layers.1"].amin(-1)
-        torch.testing.assert_close(params["layers.1.k_zero"], (hi + lo) / 2)
-        torch.testing.assert_close(params["layers.1.k_scale"], (hi - lo) / 255)
+        hi, lo = key_stats["max"]["model.layers.1"], key_stats["min"]["model.layers.1"]  # [kv heads, head dim]
+        if granularity == "head":
+            hi, lo = hi.amax(-1), lo.amin(-1)
+        assert params is not None and params["layers.1.k_scale"].shape == (hi.numel(),)
+        torch.testing.assert_close(params["layers.1.k_zero"], ((hi + lo) / 2).reshape(-1))
+        torch.testing.assert_close(params["layers.1.k_scale"], ((hi - lo) / 255).reshape(-1))

@@ -105,7 +105,7 @@ def test_constant_channel_gets_positive_scale():
 def test_export_tp1_file_format_and_metadata(tmp_path):
     work = write_work_dir(tmp_path / "work")
     weights = write_workspace(tmp_path / "ws")
-    result = export_kv_qparams(KVQParamsConfig(str(work), str(weights)))
+    result = export_kv_qparams(KVQParamsConfig(str(work), str(weights), granularity="head"))
     path = weights / "kv_qparams.rank0.safetensors"
     assert result.files == (str(path.resolve()),)
     tensors = load_file(path)
@@ -128,7 +128,7 @@ def test_export_tp1_file_format_and_metadata(tmp_path):
 def test_export_tp2_splits_heads_and_accepts_workspace_root(tmp_path):
     work = write_work_dir(tmp_path / "work")
     weights = write_workspace(tmp_path / "ws", tp=2)
-    export_kv_qparams(KVQParamsConfig(str(work), str(tmp_path / "ws"), symmetric=True, num_tp=2))
+    export_kv_qparams(KVQParamsConfig(str(work), str(tmp_path / "ws"), symmetric=True, num_tp=2, granularity="head"))
     ranks = [load_file(weights / f"kv_qparams.rank{r}.safetensors") for r in range(2)]
     k_scale, _ = compute_qparams(torch.load(work / "key_stats.pth"), symmetric=True)
     for i in range(LAYERS):
@@ -143,7 +143,7 @@ def test_export_tp2_splits_heads_and_accepts_workspace_root(tmp_path):
 def test_export_per_channel_tp2_splits_heads_keeping_channels(tmp_path):
     work = write_work_dir(tmp_path / "work")
     weights = write_workspace(tmp_path / "ws", tp=2)
-    result = export_kv_qparams(KVQParamsConfig(str(work), str(weights), num_tp=2, per_channel=True))
+    result = export_kv_qparams(KVQParamsConfig(str(work), str(weights), num_tp=2))  # channel is the default
     ranks = [load_file(weights / f"kv_qparams.rank{r}.safetensors") for r in range(2)]
     k_scale, _ = compute_qparams(torch.load(work / "key_stats.pth"), symmetric=False, per_channel=True)
     for i in range(LAYERS):
@@ -161,7 +161,8 @@ def test_existing_params_need_force(tmp_path):
     with pytest.raises(LmdError, match="--force"):
         export_kv_qparams(KVQParamsConfig(str(work), str(weights), symmetric=True))
     export_kv_qparams(KVQParamsConfig(str(work), str(weights), symmetric=True, force=True))
-    assert torch.equal(load_file(weights / "kv_qparams.rank0.safetensors")["layers.0.k_zero"], torch.zeros(KV_HEADS))
+    k_zero = load_file(weights / "kv_qparams.rank0.safetensors")["layers.0.k_zero"]
+    assert torch.equal(k_zero, torch.zeros(KV_HEADS, HEAD_DIM))
     assert sorted(p.name for p in weights.iterdir()) == ["config.ini", "kv_qparams.rank0.safetensors"]
 
 
@@ -183,6 +184,8 @@ def test_shape_mismatches_name_both_sides(tmp_path, workspace, work, match):
 def test_bad_bits_missing_stats_and_missing_config(tmp_path):
     with pytest.raises(LmdError, match="--kv-bits 4 is not supported"):
         KVQParamsConfig("w", "t", kv_bits=4)
+    with pytest.raises(LmdError, match="--granularity 'token' is not valid; use channel or head"):
+        KVQParamsConfig("w", "t", granularity="token")
     weights = write_workspace(tmp_path / "ws")
     work = tmp_path / "work"
     work.mkdir()
