@@ -6,7 +6,10 @@ anywhere an HF directory does (transformers dequantizes GGUF weights to float on
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -94,6 +97,26 @@ def load_tokenizer(source: ModelSource) -> PreTrainedTokenizerBase:
         raise LmdError(f"cannot load the tokenizer of {source.display_name}: {_first_line(exc)}") from exc
 
 
+@contextlib.contextmanager
+def _quiet_gguf_progress() -> Iterator[None]:
+    """transformers' GGUF dequantization opens its own tqdm bar (stderr must stay clean for --json). tqdm reads
+    TQDM_DISABLE only when it is imported, so the module's `tqdm` is swapped for a disabled one while loading."""
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:
+        yield
+        return
+    original = getattr(gguf_utils, "tqdm", None)
+    if original is None:
+        yield
+        return
+    gguf_utils.tqdm = functools.partial(original, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = original
+
+
 def load_causal_lm(source: ModelSource, dtype: str = "float32", device: str = "cpu") -> PreTrainedModel:
     """Load for inference (eval mode, no grad needed). GGUF weights arrive dequantized in `dtype`."""
     from transformers import AutoModelForCausalLM
@@ -105,20 +128,13 @@ def load_causal_lm(source: ModelSource, dtype: str = "float32", device: str = "c
         from lmd.lite.awq_export import load_awq_as_float
 
         return load_awq_as_float(Path(source.name_or_dir), torch_dtype(dtype)).to(device).eval()
-    # transformers' GGUF dequantization opens its own tqdm bar; TQDM_DISABLE silences it (stderr stays clean for --json)
-    previous = os.environ.get("TQDM_DISABLE")
-    os.environ["TQDM_DISABLE"] = "1"
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            source.name_or_dir, dtype=torch_dtype(dtype), low_cpu_mem_usage=True, **source.hf_kwargs()
-        )
+        with _quiet_gguf_progress():
+            model = AutoModelForCausalLM.from_pretrained(
+                source.name_or_dir, dtype=torch_dtype(dtype), low_cpu_mem_usage=True, **source.hf_kwargs()
+            )
     except (OSError, ValueError, KeyError) as exc:
         raise LmdError(f"cannot load model {source.display_name}: {_first_line(exc)}") from exc
-    finally:
-        if previous is None:
-            os.environ.pop("TQDM_DISABLE", None)
-        else:
-            os.environ["TQDM_DISABLE"] = previous
     if source.is_gguf:
         make_serializable(model)
     return model.to(device).eval()

@@ -68,3 +68,16 @@ def test_awq_directory_loads_as_its_dequantized_float_model(tiny_llama: Path, tm
     torch.testing.assert_close(loaded(ids).logits, reference(ids).logits, rtol=0, atol=0)
     original = load_causal_lm(resolve_model(tiny_llama))
     assert not torch.equal(loaded.model.layers[0].mlp.up_proj.weight, original.model.layers[0].mlp.up_proj.weight)
+
+
+def test_gguf_dequantization_progress_bar_is_silenced_and_restored(capsys) -> None:
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    from lmd.model_source import _quiet_gguf_progress
+
+    original = gguf_utils.tqdm
+    with _quiet_gguf_progress():
+        for _ in gguf_utils.tqdm(range(3), desc="Converting and de-quantizing GGUF tensors..."):
+            pass
+    assert gguf_utils.tqdm is original
+    assert "Converting" not in capsys.readouterr().err
