@@ -82,7 +82,8 @@ class EngineConfig:
     quant_policy: int = 0
     device: str = "auto"  # not in config.ini: "auto" picks cuda when available
     dtype: str = "auto"  # not in config.ini: "auto" keeps the workspace's compute dtype; else fp32/fp16/bf16
-    tp_rank: int = 0
+    tp: int = 1  # not in config.ini: processes to run the ranks in; 1 merges a tp > 1 workspace into one process
+    tp_rank: int = 0  # set by the engine for each rank's process
 
     def __post_init__(self) -> None:
         positive = ("session_len", "max_batch_size", "max_context_token_num", "step_length", "cache_block_seq_len")
@@ -95,11 +96,13 @@ class EngineConfig:
         if self.quant_policy not in (0, 4):
             raise LmdError(f"quant_policy={self.quant_policy} is not supported; "
                            "use 0 (KV in the compute dtype) or 4 (KV int8)")
+        if self.tp < 1:
+            raise LmdError(f"tp={self.tp} must be >= 1 (1: one process; N: the workspace's tensor_para_size)")
         if self.dtype not in ("auto", "fp32", "fp16", "bf16"):
             raise LmdError(f"dtype={self.dtype!r} is unknown; use auto, fp32, fp16 or bf16")
 
 
-_ENGINE_INI_KEYS = {f.name for f in fields(EngineConfig)} - {"device", "dtype", "tp_rank"}
+_ENGINE_INI_KEYS = {f.name for f in fields(EngineConfig)} - {"device", "dtype", "tp", "tp_rank"}
 
 
 def read_config_ini(path: Path, overrides: dict[str, Any] | None = None) -> tuple[ModelConfig, EngineConfig]:

@@ -126,6 +126,7 @@ class Engine:
         self._drain_inbox()  # requests queued but never admitted end with "abort" too
         for seq_id in list(self._states):
             self._finish(seq_id, "abort")
+        self.runner.close()  # tensor parallelism: the worker processes exit
 
     def __enter__(self) -> Engine:
         return self

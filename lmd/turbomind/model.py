@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from lmd.turbomind.attention import Attention
@@ -12,12 +14,20 @@ from lmd.turbomind.layers import GatedMLP, rms_norm
 from lmd.turbomind.linear import make_linear
 from lmd.turbomind.rope import RotaryEmbedding
 
+Reduce = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _no_reduce(x: torch.Tensor) -> torch.Tensor:
+    return x
+
 
 class DecoderLayer:
+    """`reduce` sums the ranks' partial outputs of the row-split wo and w2 (tensor parallelism; one rank: identity)."""
+
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], i: int, dtype: torch.dtype,
-                 fused_attention: bool = True) -> None:
+                 fused_attention: bool = True, reduce: Reduce = _no_reduce) -> None:
         p, r = f"layers.{i}.", cfg.tensor_para_size
-        self.eps = cfg.norm_eps
+        self.eps, self.reduce = cfg.norm_eps, reduce
         self.attention_norm = weights[p + "attention_norm.weight"].to(dtype)
         self.ffn_norm = weights[p + "ffn_norm.weight"].to(dtype)
         self.attention = Attention(i, make_linear(weights, p + "attention.w_qkv", dtype),
@@ -28,18 +38,18 @@ class DecoderLayer:
 
     def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch,
                  cache: KVCache) -> torch.Tensor:
-        h = h + self.attention(rms_norm(h, self.attention_norm, self.eps), cos, sin, batch, cache)
-        return h + self.mlp(rms_norm(h, self.ffn_norm, self.eps))
+        h = h + self.reduce(self.attention(rms_norm(h, self.attention_norm, self.eps), cos, sin, batch, cache))
+        return h + self.reduce(self.mlp(rms_norm(h, self.ffn_norm, self.eps)))
 
 
 class LlamaModel:
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
-                 device: torch.device, fused_attention: bool = True) -> None:
+                 device: torch.device, fused_attention: bool = True, reduce: Reduce = _no_reduce) -> None:
         self.cfg, self.dtype = cfg, dtype
         self.embed = weights["tok_embeddings.weight"].to(dtype)
         self.norm = weights["norm.weight"].to(dtype)
         self.lm_head = self.embed if cfg.tie_word_embeddings else weights["output.weight"].to(dtype)
-        self.layers = [DecoderLayer(cfg, weights, i, dtype, fused_attention) for i in range(cfg.num_layer)]
+        self.layers = [DecoderLayer(cfg, weights, i, dtype, fused_attention, reduce) for i in range(cfg.num_layer)]
         self.rope = RotaryEmbedding(cfg, device)
 
     @torch.inference_mode()

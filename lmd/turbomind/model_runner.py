@@ -7,59 +7,110 @@ The runner owns everything on the device: the model's weights and the KV cache p
 from __future__ import annotations
 
 import dataclasses
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
 from lmd.errors import LmdError
+from lmd.turbomind.config import EngineConfig, ModelConfig
 from lmd.turbomind.forward_batch import ForwardBatch
 from lmd.turbomind.kv_cache import KVCache, block_bytes, plan_num_blocks
 from lmd.turbomind.kv_int8 import StaticKVParams
-from lmd.turbomind.model import LlamaModel
+from lmd.turbomind.model import LlamaModel, Reduce
 from lmd.turbomind.scheduler import SchedulerOutput
+from lmd.turbomind.tp_group import (
+    all_reduce_min,
+    all_reduce_sum,
+    check_no_tp_group,
+    free_port,
+    join_tp_group,
+    leave_tp_group,
+)
+from lmd.turbomind.tp_workers import TPWorkers
 from lmd.turbomind.weights import check_weights
 from lmd.turbomind.workspace import Workspace
 
+_ROW_SPLIT_BIASES = ("attention.wo.bias", "feed_forward.w2.bias")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, tp_rank: int | None = None) -> torch.device:
+    """`tp_rank` set (tensor parallelism): a CUDA device becomes cuda:tp_rank."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise LmdError(f"device={name!r} but CUDA is not available; use device='cpu'")
+    if device.type == "cuda" and tp_rank is not None:
+        if tp_rank >= torch.cuda.device_count():
+            raise LmdError(f"tensor-parallel rank {tp_rank} needs cuda:{tp_rank} but {torch.cuda.device_count()} "
+                           "GPU(s) are visible; lower tp or use tp=1")
+        device = torch.device("cuda", tp_rank)
     return device
 
 
 class ModelRunner:
-    def __init__(self, ws: Workspace) -> None:
+    """One rank's runner. tp = 1: the whole model here (a tp > 1 workspace merged). tp = N: this process is rank
+    `tp_rank`; rank 0 (the driver) spawns ranks 1 .. N-1 and sends them every batch it runs (`tp_port` is given to
+    the workers only)."""
+
+    def __init__(self, ws: Workspace, tp_port: int | None = None) -> None:
         model_cfg, engine_cfg = ws.model, ws.engine
-        self.device = resolve_device(engine_cfg.device)
+        rank, self.tp = engine_cfg.tp_rank, engine_cfg.tp
+        self.device = resolve_device(engine_cfg.device, rank if self.tp > 1 else None)
         self.dtype = DTYPES[model_cfg.float_dtype if engine_cfg.dtype == "auto" else engine_cfg.dtype]
-        if model_cfg.tensor_para_size == 1:
+        self.workers: TPWorkers | None = None
+        self._joined = False
+        reduce = None
+        if self.tp > 1:
+            if tp_port is None:
+                check_no_tp_group()
+                tp_port = free_port()
+                self.workers = TPWorkers(ws, tp_port)
+            try:
+                join_tp_group(rank, self.tp, tp_port, self.device)
+                self._joined = True
+            except BaseException:
+                self.close()
+                raise
+            reduce = all_reduce_sum
+        try:
+            with self._guard():
+                self._build(ws, model_cfg, engine_cfg, reduce)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, ws: Workspace, model_cfg: ModelConfig, engine_cfg: EngineConfig, reduce: Reduce | None) -> None:
+        if self.tp > 1 or model_cfg.tensor_para_size == 1:  # this rank's file only
             weights = ws.load_weights(str(self.device))
             check_weights(model_cfg, weights, str(ws.weights_file()))
+            if engine_cfg.tp_rank > 0:  # a row-split linear's bias is added once, by rank 0
+                weights = {k: v for k, v in weights.items() if not k.endswith(_ROW_SPLIT_BIASES)}
         else:  # all ranks in this one process: the rank files merged back into the whole model
             weights = ws.load_merged_weights(str(self.device))
             model_cfg = dataclasses.replace(model_cfg, tensor_para_size=1)
-        self.model = LlamaModel(model_cfg, weights, self.dtype, self.device, engine_cfg.use_context_fmha)
+        options = {} if reduce is None else {"reduce": reduce}
+        self.model = LlamaModel(model_cfg, weights, self.dtype, self.device, engine_cfg.use_context_fmha, **options)
         del weights
         self.block_size = engine_cfg.cache_block_seq_len
+        kv_heads = model_cfg.kv_head_num // model_cfg.tensor_para_size
         int8 = engine_cfg.quant_policy == 4
         static = None
         if int8:
-            tensors = ws.load_kv_qparams(str(self.device))
+            tensors = ws.load_kv_qparams(str(self.device), engine_cfg.tp_rank if self.tp > 1 else None)
             if tensors is not None:
-                static = StaticKVParams.from_tensors(tensors, model_cfg.num_layer, model_cfg.kv_head_num,
-                                                     model_cfg.size_per_head,
+                static = StaticKVParams.from_tensors(tensors, model_cfg.num_layer, kv_heads, model_cfg.size_per_head,
                                                      str(ws.kv_qparams_file()))
         self.kv_int8_static = static is not None
-        dims = (model_cfg.num_layer, self.block_size, model_cfg.kv_head_num, model_cfg.size_per_head)
+        dims = (model_cfg.num_layer, self.block_size, kv_heads, model_cfg.size_per_head)
         self.bytes_per_block = block_bytes(*dims, self.dtype, int8, static is not None)
         max_useful = engine_cfg.max_batch_size * -(-engine_cfg.session_len // self.block_size)
         num_blocks = plan_num_blocks(engine_cfg.cache_max_entry_count, self.bytes_per_block, self.device, max_useful)
-        self.cache = KVCache(model_cfg.num_layer, num_blocks, self.block_size, model_cfg.kv_head_num,
-                             model_cfg.size_per_head, self.dtype, self.device, int8, static)
+        if self.tp > 1:  # every rank must hold every block the driver hands out
+            num_blocks = all_reduce_min(num_blocks, self.device)
+        self.cache = KVCache(model_cfg.num_layer, num_blocks, self.block_size, kv_heads, model_cfg.size_per_head,
+                             self.dtype, self.device, int8, static)
 
     @property
     def num_blocks(self) -> int:
@@ -73,11 +124,42 @@ class ModelRunner:
             end += len(chunk.token_ids)
             if chunk.needs_logits:
                 rows.append(end - 1)
-        batch = ForwardBatch.build(chunks, self.block_size, rows, self.device)
-        return self.model.forward(batch, self.cache)
+        return self.run_chunks(chunks, rows)
+
+    def run_chunks(self, chunks: list[tuple[list[int], int, list[int]]], rows: list[int]) -> torch.Tensor:
+        """Logits of `rows` of the flat batch of `chunks` (token ids, start, block table); on a worker rank the
+        layers only (its part of the all-reduces), and the result is empty."""
+        batch = self._batch(chunks, rows)
+        with self._guard():
+            if self.tp > 1 and self.workers is None:
+                self._worker_forward(batch)
+                return torch.empty(0)
+            return self.model.forward(batch, self.cache)
 
     @torch.inference_mode()
     def hidden_states(self, token_ids: list[int], start: int, block_table: list[int]) -> torch.Tensor:
         """Every token's final hidden state [n, H] for one chunk of one sequence (its KV goes into the cache)."""
-        batch = ForwardBatch.build([(token_ids, start, block_table)], self.block_size, [], self.device)
-        return self.model.hidden_states(batch, self.cache)
+        batch = self._batch([(token_ids, start, block_table)], [])
+        with self._guard():
+            return self.model.hidden_states(batch, self.cache)
+
+    def close(self) -> None:
+        """Stop the workers and leave the process group (tp > 1); idempotent."""
+        if self.workers is not None:
+            self.workers.close()
+            self.workers = None
+        if self._joined:
+            leave_tp_group()
+            self._joined = False
+
+    @torch.inference_mode()
+    def _worker_forward(self, batch: ForwardBatch) -> None:
+        self.model.hidden_states(batch, self.cache)
+
+    def _batch(self, chunks: list[tuple[list[int], int, list[int]]], rows: list[int]) -> ForwardBatch:
+        if self.workers is not None:
+            self.workers.send((chunks, rows))
+        return ForwardBatch.build(chunks, self.block_size, rows, self.device)
+
+    def _guard(self) -> AbstractContextManager[None]:
+        return self.workers.guard() if self.workers is not None else nullcontext()

@@ -63,8 +63,9 @@ class Workspace:
             check_weights(self.model, ranks[-1], str(path))
         return ranks[0] if len(ranks) == 1 else merge_ranks(self.model, ranks)
 
-    def load_kv_qparams(self, device: str) -> dict[str, torch.Tensor] | None:
-        """Static KV int8 parameters of all ranks, one value per KV head of the whole model; None when absent."""
+    def load_kv_qparams(self, device: str, rank: int | None = None) -> dict[str, torch.Tensor] | None:
+        """Static KV int8 parameters of all ranks, one value per KV head of the whole model, or of `rank` only (its KV
+        heads, flattened); None when absent."""
         import torch
         from safetensors.torch import load_file
 
@@ -74,6 +75,8 @@ class Workspace:
             return None
         if len(present) != len(paths):
             raise LmdError(f"{self.weights_dir}: kv_qparams files exist for some ranks only; rerun `lmd kv-qparams`")
+        if rank is not None:
+            return {name: t.reshape(-1) for name, t in load_file(str(paths[rank]), device=device).items()}
         ranks = [load_file(str(p), device=device) for p in paths]
         return {name: torch.cat([rank[name].reshape(-1) for rank in ranks]) for name in ranks[0]}
 
@@ -103,4 +106,8 @@ def open_workspace(path: str | Path, **overrides: Any) -> Workspace:
     model, engine = read_config_ini(root / "triton_models" / "weights" / "config.ini", overrides)
     if engine.tp_rank >= model.tensor_para_size:
         raise LmdError(f"tp_rank={engine.tp_rank} but the workspace has tensor_para_size={model.tensor_para_size}")
+    if engine.tp > 1 and engine.tp != model.tensor_para_size:
+        raise LmdError(f"tp={engine.tp} but {root} was deployed with tensor_para_size={model.tensor_para_size}; "
+                       f"use tp={model.tensor_para_size} (or tp=1: all ranks in one process), "
+                       f"or redeploy with `lmd deploy ... --tp {engine.tp}`")
     return Workspace(root, model, engine)

@@ -1,0 +1,39 @@
+"""A tensor-parallel worker process (ranks 1 .. tp-1): its rank's weights and KV cache, one forward per driver step.
+
+The driver (rank 0, in the Engine's process) sends each step's plain-data batch down a pipe; the worker runs the same
+layers on its slices, taking part in the all-reduces, and throws its hidden states away (rank 0 computes the logits:
+the lm_head is replicated in every rank file). `None` or a closed pipe ends the loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from multiprocessing.connection import Connection
+from typing import Any
+
+READY = "ready"
+
+
+def worker_main(rank: int, world: int, port: int, root: str, options: dict[str, Any], conn: Connection) -> None:
+    from lmd.turbomind.model_runner import ModelRunner
+    from lmd.turbomind.tp_group import leave_tp_group
+    from lmd.turbomind.workspace import open_workspace
+
+    try:
+        conn.send(READY)  # imports done: the driver may now wait in the group's rendezvous
+        runner = ModelRunner(open_workspace(root, **{**options, "tp_rank": rank}), tp_port=port)
+        while True:
+            try:
+                message = conn.recv()
+            except EOFError:  # the driver is gone
+                break
+            if message is None:
+                break
+            chunks, rows = message
+            runner.run_chunks(chunks, rows)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            conn.send(f"{type(exc).__name__}: {exc}")
+        raise SystemExit(1) from None
+    finally:
+        leave_tp_group()

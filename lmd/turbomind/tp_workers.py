@@ -1,0 +1,95 @@
+"""The driver's side of tensor parallelism: spawning the worker processes, feeding them batches, noticing a crash.
+
+A dead worker never leaves the driver waiting: each send first checks that every worker is alive, and a collective
+that fails (gloo sees the closed connection of a killed peer) becomes one LmdError naming the worker and its error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing as mp
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from typing import Any
+
+from lmd.errors import LmdError
+from lmd.turbomind.tp_worker import READY, worker_main
+from lmd.turbomind.workspace import Workspace
+
+JOIN_TIMEOUT_S = 10.0
+
+
+class TPWorkers:
+    def __init__(self, ws: Workspace, port: int) -> None:
+        ctx = mp.get_context("spawn")
+        options = dataclasses.asdict(ws.engine)
+        self._conns: list[Any] = []
+        self._procs: list[Any] = []
+        for rank in range(1, ws.engine.tp):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(
+                target=worker_main,
+                args=(rank, ws.engine.tp, port, str(ws.root), options, child),
+                name=f"lmd-tp-rank{rank}",
+                daemon=True,
+            )
+            proc.start()
+            child.close()
+            self._conns.append(parent)
+            self._procs.append(proc)
+        for conn in self._conns:  # a worker that cannot even start fails here, not in a rendezvous that waits
+            while not conn.poll(0.05):
+                self.check_alive()
+            if conn.recv() != READY:
+                raise self._failure(None)
+
+    def send(self, message: Any) -> None:
+        """The step's batch (chunks, logit rows) to every worker."""
+        self.check_alive()
+        try:
+            for conn in self._conns:
+                conn.send(message)
+        except OSError as exc:
+            raise self._failure(exc) from exc
+
+    def check_alive(self) -> None:
+        if any(not proc.is_alive() for proc in self._procs):
+            raise self._failure(None)
+
+    @contextmanager
+    def guard(self) -> Iterator[None]:
+        """Turn a failed collective into an LmdError naming the worker that died."""
+        try:
+            yield
+        except LmdError:
+            raise
+        except Exception as exc:
+            for proc in self._procs:  # a worker that failed is exiting: give it a moment to say why
+                proc.join(timeout=1.0)
+            raise self._failure(exc) from exc
+
+    def _failure(self, exc: BaseException | None) -> LmdError:
+        for rank, (proc, conn) in enumerate(zip(self._procs, self._conns, strict=True), start=1):
+            if proc.is_alive():
+                continue
+            reason = f"exit code {proc.exitcode}"
+            try:
+                if conn.poll():
+                    reason = conn.recv()
+            except (OSError, EOFError):
+                pass
+            return LmdError(f"tensor-parallel worker rank {rank} died ({reason}); close this engine and open a new one")
+        return LmdError(f"tensor-parallel step failed ({exc}); close this engine and open a new one")
+
+    def close(self) -> None:
+        for conn in self._conns:
+            with suppress(OSError):
+                conn.send(None)
+        for proc in self._procs:
+            proc.join(timeout=JOIN_TIMEOUT_S)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(timeout=JOIN_TIMEOUT_S)
+        for conn in self._conns:
+            conn.close()
+        self._procs, self._conns = [], []

@@ -1,0 +1,184 @@
+"""Tensor parallelism (tp = 2 on CPU, gloo): rank processes holding their own rank files compute what the whole
+model computes in one process (the tp = 1 run of the same workspace, rank files merged)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+
+from lmd.errors import LmdError
+from lmd.turbomind.engine import Engine
+from lmd.turbomind.gen_config import GenerationConfig
+from lmd.turbomind.model_runner import ModelRunner
+from lmd.turbomind.workspace import open_workspace
+
+BLOCK = 4
+# Two prompts: A prefills in two chunks, then both decode; step 2 mixes A's second chunk with B's whole prompt.
+A = list(range(300, 323))
+B = list(range(900, 910))
+
+
+@pytest.fixture(autouse=True)
+def _one_thread_per_rank(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # inherited by the spawned workers: 2 ranks on 2 cores
+
+
+@pytest.fixture(scope="module")
+def tp2_ws(tiny_llama_ws, tmp_path_factory):
+    from lmd.deploy.converter import deploy
+
+    return deploy(
+        "hf", str(tiny_llama_ws[0]), str(tmp_path_factory.mktemp("tp2") / "ws"), tp=2, dtype="float32", progress=False
+    )
+
+
+def _runner_logits(ws, **overrides) -> tuple[torch.Tensor, ModelRunner]:
+    """Logits of a prefill, then a mixed prefill + prefill batch, then a decode batch of two sequences."""
+    runner = ModelRunner(
+        open_workspace(ws, device="cpu", dtype="fp32", cache_block_seq_len=BLOCK, cache_max_entry_count=24, **overrides)
+    )
+    table_a, table_b = list(range(0, 8)), list(range(8, 16))
+    try:
+        steps = [
+            ([(A[:9], 0, table_a)], [8]),
+            ([(A[9:], 9, table_a), (B, 0, table_b)], [13, 23]),
+            ([([7], len(A), table_a), ([8], len(B), table_b)], [0, 1]),
+        ]
+        logits = torch.cat([runner.run_chunks(chunks, rows) for chunks, rows in steps])
+    except BaseException:
+        runner.close()
+        raise
+    return logits, runner
+
+
+def _close_to(a: torch.Tensor, b: torch.Tensor, rel: float) -> bool:
+    return bool((a - b).abs().max() <= rel * b.abs().max())
+
+
+def test_tp2_logits_equal_the_merged_single_process_run(tp2_ws):
+    ref, one = _runner_logits(tp2_ws, tp=1)
+    ours, two = _runner_logits(tp2_ws, tp=2)
+    try:
+        assert two.workers is not None and one.workers is None
+        assert two.cache.k[0].shape[2] == 1 and one.cache.k[0].shape[2] == 2  # a rank holds its one KV head
+        assert two.model.layers[0].attention.q_heads == 2
+        assert ours.shape == ref.shape == (5, 49152)
+        assert _close_to(ours, ref, 1e-5)
+        # the scorer's path (hidden states of one chunk) runs on every rank too
+        h1 = one.hidden_states(B, 0, list(range(16, 24)))
+        h2 = two.hidden_states(B, 0, list(range(16, 24)))
+        assert _close_to(h2, h1, 1e-5)
+    finally:
+        two.close()
+        one.close()
+
+
+def test_tp2_greedy_generation_equals_tp1(tp2_ws):
+    prompts = [list(range(100 + i, 110 + 5 * i)) for i in range(4)]
+    gen = GenerationConfig(max_new_tokens=12, temperature=0.0, ignore_eos=True)
+    outputs = {}
+    for tp in (1, 2):
+        with Engine(
+            tp2_ws,
+            tp=tp,
+            device="cpu",
+            dtype="fp32",
+            cache_block_seq_len=BLOCK,
+            cache_max_entry_count=64,
+            max_context_token_num=16,
+        ) as engine:
+            streams = [engine.generate(p, gen) for p in prompts]
+            outputs[tp] = [s.result().token_ids for s in streams]
+            assert engine.stats().blocks_total == 64
+    assert outputs[2] == outputs[1]
+    assert all(len(tokens) == 12 for tokens in outputs[2])
+
+
+def test_int4_tp2_equals_merged_run(tiny_llama_ws, tmp_path):
+    from lmd.deploy.converter import deploy
+    from tests.turbomind.awq_checkpoint import write_awq_checkpoint
+
+    write_awq_checkpoint(tiny_llama_ws[0], tmp_path / "awq", group_size=64)
+    ws = deploy("base", str(tmp_path / "awq"), str(tmp_path / "ws"), tp=2, group_size=64, dtype="float16", progress=False)
+    ref, one = _runner_logits(ws, tp=1)
+    one.close()
+    ours, two = _runner_logits(ws, tp=2)
+    try:
+        assert type(two.model.layers[0].attention.wo).__name__ == "Int4Linear"
+        assert two.model.layers[0].attention.wo.qweight.shape == (64 // 8, 128)  # K split in two
+        assert _close_to(ours, ref, 1e-5)
+    finally:
+        two.close()
+
+
+def _write_rank_kv_qparams(ws, tp: int, kv_heads: int, head_dim: int, layers: int) -> None:
+    """Per-channel params, different for every rank: a rank reading another rank's file would quantize wrongly."""
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(3)
+    for rank in range(tp):
+        tensors = {}
+        for i in range(layers):
+            for name in ("k", "v"):
+                shape = (kv_heads // tp, head_dim)
+                tensors[f"layers.{i}.{name}_scale"] = 0.01 + 0.01 * (rank + 1) * torch.rand(shape, generator=g)
+                tensors[f"layers.{i}.{name}_zero"] = 0.2 * (rank - 0.5) + 0.05 * torch.randn(shape, generator=g)
+        save_file(
+            tensors,
+            str(ws / f"triton_models/weights/kv_qparams.rank{rank}.safetensors"),
+            metadata={"kv_bits": "8", "symmetric": "0", "num_tp": str(tp), "rank": str(rank)},
+        )
+
+
+def test_static_int8_kv_params_are_loaded_per_rank(tp2_ws, tmp_path):
+    import shutil
+
+    ws = tmp_path / "ws"
+    shutil.copytree(tp2_ws, ws)
+    _write_rank_kv_qparams(ws, tp=2, kv_heads=2, head_dim=32, layers=2)
+    ref, one = _runner_logits(ws, tp=1, quant_policy=4)
+    one.close()
+    ours, two = _runner_logits(ws, tp=2, quant_policy=4)
+    try:
+        assert two.kv_int8_static and two.cache.k[0].dtype == torch.int8
+        assert two.cache.static.k_scale[0].shape == (1, 32)  # this rank's one KV head, per channel
+        floats, plain = _runner_logits(tp2_ws, tp=1)
+        plain.close()
+        assert not _close_to(ours, floats, 1e-4)  # int8 KV did change the logits ...
+        assert _close_to(ours, ref, 1e-5)  # ... exactly as the merged run with the concatenated params
+    finally:
+        two.close()
+
+
+def test_tp_that_does_not_match_the_workspace_is_refused(tp2_ws, tiny_llama_ws):
+    with pytest.raises(LmdError, match=r"tp=4 but .* tensor_para_size=2; use tp=2"):
+        open_workspace(tp2_ws, tp=4)
+    with pytest.raises(LmdError, match=r"tp=2 but .* tensor_para_size=1; .*--tp 2"):
+        Engine(tiny_llama_ws[1], tp=2, device="cpu")
+    with pytest.raises(LmdError, match="tp=0 must be >= 1"):
+        open_workspace(tp2_ws, tp=0)
+
+
+def test_a_killed_worker_is_an_error_not_a_hang(tp2_ws):
+    engine = Engine(tp2_ws, tp=2, device="cpu", cache_block_seq_len=BLOCK, cache_max_entry_count=16)
+    try:
+        first = engine.generate(A, GenerationConfig(max_new_tokens=2, temperature=0.0, ignore_eos=True)).result()
+        assert first.finish_reason == "length"
+        worker = engine.runner.workers._procs[0]
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.join(timeout=10)
+        result = engine.generate(B, GenerationConfig(max_new_tokens=2)).result()
+        assert result.finish_reason == "error"
+        assert isinstance(engine.last_error, LmdError)
+        assert "worker rank 1 died" in str(engine.last_error)
+        with pytest.raises(LmdError, match="already runs a tensor-parallel engine"):
+            ModelRunner(open_workspace(tp2_ws, tp=2, device="cpu", cache_max_entry_count=16))
+    finally:
+        engine.close()
+    assert engine.runner.workers is None
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()
