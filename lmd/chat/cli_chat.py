@@ -18,6 +18,7 @@ from lmd.chat.options import (
     TemperatureOpt,
     TopKOpt,
     TopPOpt,
+    TpOpt,
 )
 
 
@@ -37,6 +38,7 @@ def chat_command(
     quant_policy: QuantPolicyOpt = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
+    tp: TpOpt = None,
 ) -> None:
     """Chat with a model in the terminal or from piped lines; replies stream as they are generated.
 

@@ -82,6 +82,14 @@ MaxBatchSizeOpt = Annotated[
     int | None, typer.Option("--max-batch-size", help="Replies generated at once (default: config.ini's).")
 ]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto (cuda when available), cuda or cpu.")]
+TpOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--tp",
+        help="Tensor parallelism: run a workspace deployed with `--tp N` as N processes (rank r on cuda:r, or CPU), "
+        "each holding its own rank file; 1 (the default) runs all ranks merged in one process.",
+    ),
+]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="Compute dtype: auto (the workspace's), fp32, fp16 or bf16.")]
 
 _SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "repetition_penalty", "max_new_tokens", "seed")
@@ -93,6 +101,7 @@ _ENGINE_FLAGS = (
     "max_batch_size",
     "device",
     "dtype",
+    "tp",
 )
 
 

@@ -18,6 +18,7 @@ from lmd.chat.options import (
     ModelArg,
     QuantPolicyOpt,
     SessionLenOpt,
+    TpOpt,
 )
 from lmd.errors import LmdError
 
@@ -60,6 +61,7 @@ def serve_command(
     quant_policy: QuantPolicyOpt = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
+    tp: TpOpt = None,
     log_level: Annotated[str, typer.Option(help=f"uvicorn log level: {', '.join(LOG_LEVELS)}.")] = "info",
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/models,
@@ -85,6 +87,7 @@ def serve_command(
         quant_policy=quant_policy,
         device=device,
         dtype=dtype,
+        tp=tp,
     )
     keys = [k for k in (api_keys or []) if k]
     with open_chat_engine(model, chat_template, {k: v for k, v in overrides.items() if v is not None}) as engine:

@@ -182,3 +182,16 @@ def test_a_killed_worker_is_an_error_not_a_hang(tp2_ws):
     import torch.distributed as dist
 
     assert not dist.is_initialized()
+
+
+def test_pipeline_runs_tp2_like_tp1(tp2_ws):
+    import lmd
+
+    gen = GenerationConfig(max_new_tokens=6, temperature=0.0, ignore_eos=True)
+    options = dict(device="cpu", dtype="fp32", cache_block_seq_len=BLOCK, cache_max_entry_count=32)
+    with lmd.pipeline(tp2_ws, tp=2, **options) as pipe:
+        assert pipe.engine.runner.workers is not None
+        ours = pipe([A, B], gen)
+    with lmd.pipeline(tp2_ws, **options) as pipe:
+        ref = pipe([A, B], gen)
+    assert [r.token_ids for r in ours] == [r.token_ids for r in ref]
