@@ -47,6 +47,10 @@ CacheEntries = Annotated[
 ]
 BlockLen = Annotated[int | None, typer.Option("--cache-block-seq-len", help="Tokens per KV cache block.")]
 QuantPolicy = Annotated[int | None, typer.Option("--quant-policy", help="0: KV in the compute dtype, 4: KV int8.")]
+Tp = Annotated[
+    int | None,
+    typer.Option("--tp", help="Run a workspace deployed with --tp N as N processes, one rank each (default: 1 process)."),
+]
 Seed = Annotated[int, typer.Option("--seed", help="Seed of the prompt sample (and of sampling, --temperature > 0).")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print the report as JSON instead of a table.")]
 
@@ -127,6 +131,7 @@ def throughput_command(
     cache_max_entry_count: CacheEntries = None,
     cache_block_seq_len: BlockLen = None,
     quant_policy: QuantPolicy = None,
+    tp: Tp = None,
     as_json: AsJson = False,
 ) -> None:
     """Offline throughput: NUM_PROMPTS requests, at most CONCURRENCY in flight; requests/s, tokens/s, TTFT, TPOT."""
@@ -229,6 +234,7 @@ def latency_command(
     cache_max_entry_count: CacheEntries = None,
     cache_block_seq_len: BlockLen = None,
     quant_policy: QuantPolicy = None,
+    tp: Tp = None,
     as_json: AsJson = False,
 ) -> None:
     """Latency at fixed lengths per batch size: time to first token, decode ms per token, tokens/s."""

@@ -28,6 +28,7 @@ class EngineOverrides:
     cache_max_entry_count: float | None = None
     cache_block_seq_len: int | None = None
     quant_policy: int | None = None
+    tp: int | None = None  # tensor-parallel processes (docs/engine.md); None: 1, all ranks merged in one process
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
