@@ -23,6 +23,7 @@ from lmd.chat.options import (
     TemperatureOpt,
     TopKOpt,
     TopPOpt,
+    TpOpt,
 )
 from lmd.errors import LmdError
 
@@ -49,6 +50,7 @@ def gradio_command(
     max_batch_size: MaxBatchSizeOpt = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
+    tp: TpOpt = None,
 ) -> None:
     """Serve a chat web page (gradio): streaming replies, Stop, Reset, sampling sliders.
 

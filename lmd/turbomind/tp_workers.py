@@ -23,6 +23,7 @@ class TPWorkers:
     def __init__(self, ws: Workspace, port: int) -> None:
         ctx = mp.get_context("spawn")
         options = dataclasses.asdict(ws.engine)
+        self._broken: LmdError | None = None
         self._conns: list[Any] = []
         self._procs: list[Any] = []
         for rank in range(1, ws.engine.tp):
@@ -45,6 +46,8 @@ class TPWorkers:
 
     def send(self, message: Any) -> None:
         """The step's batch (chunks, logit rows) to every worker."""
+        if self._broken is not None:
+            raise self._broken
         self.check_alive()
         try:
             for conn in self._conns:
@@ -58,15 +61,16 @@ class TPWorkers:
 
     @contextmanager
     def guard(self) -> Iterator[None]:
-        """Turn a failed collective into an LmdError naming the worker that died."""
+        """Turn a failed step into an LmdError naming the worker that died. Any failure mid-forward leaves the ranks
+        at different collectives, so the workers are stopped and every later step raises the same error."""
         try:
             yield
-        except LmdError:
-            raise
         except Exception as exc:
             for proc in self._procs:  # a worker that failed is exiting: give it a moment to say why
                 proc.join(timeout=1.0)
-            raise self._failure(exc) from exc
+            self._broken = self._failure(exc)
+            self.close(graceful=False)
+            raise self._broken from exc
 
     def _failure(self, exc: BaseException | None) -> LmdError:
         for rank, (proc, conn) in enumerate(zip(self._procs, self._conns, strict=True), start=1):
@@ -79,14 +83,16 @@ class TPWorkers:
             except (OSError, EOFError):
                 pass
             return LmdError(f"tensor-parallel worker rank {rank} died ({reason}); close this engine and open a new one")
-        return LmdError(f"tensor-parallel step failed ({exc}); close this engine and open a new one")
+        return LmdError(f"a tensor-parallel step failed ({exc}); close this engine and open a new one")
 
-    def close(self) -> None:
+    def close(self, graceful: bool = True) -> None:
+        """Ask the workers to exit; one still there after JOIN_TIMEOUT_S (or at once: not graceful) is terminated."""
         for conn in self._conns:
             with suppress(OSError):
                 conn.send(None)
         for proc in self._procs:
-            proc.join(timeout=JOIN_TIMEOUT_S)
+            if graceful:
+                proc.join(timeout=JOIN_TIMEOUT_S)
             if proc.is_alive():
                 proc.terminate()
                 proc.join(timeout=JOIN_TIMEOUT_S)

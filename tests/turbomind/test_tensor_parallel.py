@@ -195,3 +195,20 @@ def test_pipeline_runs_tp2_like_tp1(tp2_ws):
     with lmd.pipeline(tp2_ws, **options) as pipe:
         ref = pipe([A, B], gen)
     assert [r.token_ids for r in ours] == [r.token_ids for r in ref]
+
+
+def test_a_driver_failure_mid_forward_stops_the_workers(tp2_ws):
+    runner = ModelRunner(open_workspace(tp2_ws, tp=2, device="cpu", cache_block_seq_len=BLOCK, cache_max_entry_count=8))
+    try:
+        procs = list(runner.workers._procs)
+
+        def boom(x):
+            raise RuntimeError("boom")
+
+        runner.model.layers[1].mlp = boom  # rank 1 is left waiting in layer 1's MLP all-reduce
+        for _ in range(2):  # the ranks are out of step: every later step fails the same way
+            with pytest.raises(LmdError, match=r"a tensor-parallel step failed \(boom\); close this engine"):
+                runner.run_chunks([(B, 0, [0, 1, 2])], [9])
+        assert not any(p.is_alive() for p in procs)
+    finally:
+        runner.close()
