@@ -64,6 +64,9 @@ class ModelRunner:
         reduce = None
         if self.tp > 1:
             if tp_port is None:
+                if rank != 0:
+                    raise LmdError(f"tp_rank={rank} with tp={self.tp}: the engine sets each worker's rank itself; "
+                                   "leave tp_rank out")
                 check_no_tp_group()
                 tp_port = free_port()
                 self.workers = TPWorkers(ws, tp_port)

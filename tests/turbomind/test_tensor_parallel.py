@@ -160,6 +160,8 @@ def test_tp_that_does_not_match_the_workspace_is_refused(tp2_ws, tiny_llama_ws):
         Engine(tiny_llama_ws[1], tp=2, device="cpu")
     with pytest.raises(LmdError, match="tp=0 must be >= 1"):
         open_workspace(tp2_ws, tp=0)
+    with pytest.raises(LmdError, match="tp_rank=1 with tp=2: .* leave tp_rank out"):
+        ModelRunner(open_workspace(tp2_ws, tp=2, tp_rank=1, device="cpu"))
 
 
 def test_a_killed_worker_is_an_error_not_a_hang(tp2_ws):
