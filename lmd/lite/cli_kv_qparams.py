@@ -16,9 +16,10 @@ def kv_qparams_command(
     turbomind_dir: str = typer.Argument(..., help="workspace/triton_models/weights (or the workspace root)."),
     kv_bits: int = typer.Option(8, "--kv-bits", help="KV cache bits (only 8 is supported)."),
     kv_sym: bool = typer.Option(False, "--kv-sym", help="Symmetric: zero 0, scale absmax/127 (default asymmetric)."),
-    granularity: str = typer.Option("channel", "--granularity",
-                                    help="channel: one (scale, zero) per layer, KV head and head-dim channel; head: per "
-                                         "layer and KV head (LMDeploy's; coarser for the wide RoPE key channels)."),
+    granularity: str = typer.Option("head", "--granularity",
+                                    help="head: one (scale, zero) per layer and KV head (LMDeploy's); channel: per "
+                                         "layer, KV head and head-dim channel (finer, for calibration sequences as "
+                                         "long as the contexts served)."),
     num_tp: int = typer.Option(1, "--num-tp", help="Tensor-parallel ranks; must equal config.ini tensor_para_size."),
     force: bool = typer.Option(False, "--force", help="Overwrite existing kv_qparams.rank*.safetensors files."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON instead of a table."),

@@ -1,7 +1,7 @@
 """`lmd kv-qparams`: static KV-cache int8 parameters from calibration stats, written into a workspace.
 
 Format (docs/workspace.md, `kv_qparams.rank{r}.safetensors`): fp32 `layers.{i}.{k,v}_{scale,zero}` of shape
-[Hkv / R, D] (`--granularity channel`, the default) or [Hkv / R] (`head`), this rank's KV heads in head order; metadata
+[Hkv / R] (`--granularity head`, the default) or [Hkv / R, D] (`channel`), this rank's KV heads in head order; metadata
 `kv_bits`, `symmetric`, `num_tp`, `granularity`. Per layer and KV head (and channel), from the calibration stats
 (reduced over the head dim for `head`):
 
@@ -24,10 +24,12 @@ if TYPE_CHECKING:
     import torch
 
 SUPPORTED_BITS = (8,)
-# channel: one (scale, zero) per layer, KV head and head-dim channel (default); head: per layer and KV head (LMDeploy's
-# granularity). Keys after RoPE have a few channels far wider than the rest; on SmolLM2 (docs/engine.md) per-head
-# params cost +0.38 % ppl, per-channel +0.05 %, for the same cache memory.
-GRANULARITIES = ("channel", "head")
+# head: one (scale, zero) per layer and KV head (LMDeploy's granularity, the default); channel: per layer, KV head and
+# head-dim channel. Keys after RoPE have a few channels far wider than the rest, so channel is finer (SmolLM2, c4
+# 128 x 2048 calibration: +0.05 % ppl vs +0.38 %, docs/engine.md) -- but a low-frequency RoPE channel only shows the
+# range of the positions the calibration covered: with 512-token samples evaluated at 1024 tokens, channel cost +1.7 %
+# where head cost -0.05 %. Use channel when the calibration sequences are as long as the contexts served.
+GRANULARITIES = ("head", "channel")
 # A channel that never varied would get scale 0 and divide by zero in the engine; its values quantize to `zero`.
 MIN_SCALE = 1e-8
 
@@ -39,7 +41,7 @@ class KVQParamsConfig:
     kv_bits: int = 8
     symmetric: bool = False
     num_tp: int = 1
-    granularity: str = "channel"
+    granularity: str = "head"
     force: bool = False
 
     def __post_init__(self) -> None:

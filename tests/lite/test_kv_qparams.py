@@ -143,7 +143,7 @@ def test_export_tp2_splits_heads_and_accepts_workspace_root(tmp_path):
 def test_export_per_channel_tp2_splits_heads_keeping_channels(tmp_path):
     work = write_work_dir(tmp_path / "work")
     weights = write_workspace(tmp_path / "ws", tp=2)
-    result = export_kv_qparams(KVQParamsConfig(str(work), str(weights), num_tp=2))  # channel is the default
+    result = export_kv_qparams(KVQParamsConfig(str(work), str(weights), num_tp=2, granularity="channel"))
     ranks = [load_file(weights / f"kv_qparams.rank{r}.safetensors") for r in range(2)]
     k_scale, _ = compute_qparams(torch.load(work / "key_stats.pth"), symmetric=False, per_channel=True)
     for i in range(LAYERS):
@@ -157,10 +157,10 @@ def test_export_per_channel_tp2_splits_heads_keeping_channels(tmp_path):
 def test_existing_params_need_force(tmp_path):
     work = write_work_dir(tmp_path / "work")
     weights = write_workspace(tmp_path / "ws")
-    export_kv_qparams(KVQParamsConfig(str(work), str(weights)))
+    export_kv_qparams(KVQParamsConfig(str(work), str(weights), granularity="channel"))
     with pytest.raises(LmdError, match="--force"):
         export_kv_qparams(KVQParamsConfig(str(work), str(weights), symmetric=True))
-    export_kv_qparams(KVQParamsConfig(str(work), str(weights), symmetric=True, force=True))
+    export_kv_qparams(KVQParamsConfig(str(work), str(weights), symmetric=True, granularity="channel", force=True))
     k_zero = load_file(weights / "kv_qparams.rank0.safetensors")["layers.0.k_zero"]
     assert torch.equal(k_zero, torch.zeros(KV_HEADS, HEAD_DIM))
     assert sorted(p.name for p in weights.iterdir()) == ["config.ini", "kv_qparams.rank0.safetensors"]
