@@ -25,12 +25,12 @@ from lmd.turbomind.window_scorer import engine_window_scorer, scoring_engine
 VARIANTS = (  # name, quant_policy, kv-qparams options (None: no static params file -> online int8)
     ("float KV", 0, None),
     ("int8 online (per token, head)", 4, None),
-    ("int8 static per head, asym", 4, {"symmetric": False, "per_channel": False}),
-    ("int8 static per channel, asym", 4, {"symmetric": False, "per_channel": True}),
+    ("int8 static per head, asym", 4, {"symmetric": False, "granularity": "head"}),
+    ("int8 static per channel, asym", 4, {"symmetric": False, "granularity": "channel"}),
 )
 SYMMETRIC = (
-    ("int8 static per head, sym", 4, {"symmetric": True, "per_channel": False}),
-    ("int8 static per channel, sym", 4, {"symmetric": True, "per_channel": True}),
+    ("int8 static per head, sym", 4, {"symmetric": True, "granularity": "head"}),
+    ("int8 static per channel, sym", 4, {"symmetric": True, "granularity": "channel"}),
 )
 
 
