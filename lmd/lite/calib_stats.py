@@ -103,20 +103,14 @@ class ChannelObserver:
 
 
 class HeadObserver:
-    """Running max/min/absmax per (head, head dim) of tensors [batch, heads, seq, head_dim].
-
-    For keys it also keeps `rope_pair_norm`: the largest norm of each RoPE pair (channels i and i + D/2, rotated
-    together) before rotation. A rotation keeps that norm, so it bounds both channels at any position, also positions
-    longer than the calibration samples; per-channel max/min of rotated keys do not (a low-frequency pair turns slowly).
-    """
+    """Running max/min/absmax per (head, head dim) of tensors [batch, heads, seq, head_dim]."""
 
     def __init__(self, num_heads: int, head_dim: int) -> None:
         self.shape = (num_heads, head_dim)
         self._max: torch.Tensor | None = None
         self._min: torch.Tensor | None = None
-        self._pair: torch.Tensor | None = None
 
-    def observe(self, x: torch.Tensor, pre_rotation: torch.Tensor | None = None) -> None:
+    def observe(self, x: torch.Tensor) -> None:
         import torch
 
         if x.dim() != 4 or (x.shape[1], x.shape[3]) != self.shape:
@@ -128,22 +122,14 @@ class HeadObserver:
         else:
             self._max = torch.maximum(self._max, cur_max)
             self._min = torch.minimum(self._min, cur_min)
-        if pre_rotation is not None:
-            k = pre_rotation.detach().float()
-            half = k.shape[-1] // 2
-            norm = torch.sqrt(k[..., :half] ** 2 + k[..., half:] ** 2).amax(dim=(0, 2))  # [heads, D/2]
-            self._pair = norm if self._pair is None else torch.maximum(self._pair, norm)
 
     def result(self) -> dict[str, torch.Tensor]:
         import torch
 
         if self._max is None:
             raise RuntimeError("observer saw no data")
-        out = {"max": self._max.cpu(), "min": self._min.cpu(),
-               "absmax": torch.maximum(self._max.abs(), self._min.abs()).cpu()}
-        if self._pair is not None:  # one value per channel: both channels of a pair carry the pair's norm
-            out["rope_pair_norm"] = torch.cat([self._pair, self._pair], dim=-1).cpu()
-        return out
+        return {"max": self._max.cpu(), "min": self._min.cpu(),
+                "absmax": torch.maximum(self._max.abs(), self._min.abs()).cpu()}
 
 
 @dataclass
@@ -155,21 +141,14 @@ class CalibStats:
     keys: dict[str, HeadObserver] = field(default_factory=dict)
     values: dict[str, HeadObserver] = field(default_factory=dict)
 
-    def _has_pairs(self) -> bool:
-        return _pair_stat_of(self.keys)
-
     def export(self) -> dict[str, dict[str, dict[str, torch.Tensor]]]:
         """LMDeploy's layout: file stem -> stat name -> module full name -> tensor (decoder layer name for KV)."""
         return {
             "inputs_stats": _by_stat(self.inputs, CHANNEL_STATS),
             "outputs_stats": _by_stat(self.outputs, CHANNEL_STATS),
-            "key_stats": _by_stat(self.keys, HEAD_STATS + (("rope_pair_norm",) if self._has_pairs() else ())),
+            "key_stats": _by_stat(self.keys, HEAD_STATS),
             "value_stats": _by_stat(self.values, HEAD_STATS),
         }
-
-
-def _pair_stat_of(observers: dict[str, Any]) -> bool:
-    return bool(observers) and all(obs._pair is not None for obs in observers.values())
 
 
 def _by_stat(observers: dict[str, Any], stats: tuple[str, ...]) -> dict[str, dict[str, torch.Tensor]]:
@@ -240,7 +219,7 @@ class LayerHooks:
             cos, sin = self._rope
             keys = self._heads(out)
             _, rotated = apply_rope(keys, keys, cos, sin)
-            k_obs.observe(rotated, pre_rotation=keys)
+            k_obs.observe(rotated)
 
         def on_values(_m: nn.Module, _args: tuple, out: torch.Tensor) -> None:
             v_obs.observe(self._heads(out))

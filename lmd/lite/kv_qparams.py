@@ -139,11 +139,6 @@ def compute_qparams(stats: dict[str, dict[str, torch.Tensor]], symmetric: bool, 
     def reduce(t: torch.Tensor, op: str) -> torch.Tensor:
         return t.float() if per_channel else getattr(t.float(), op)(-1)
 
-    if per_channel and "rope_pair_norm" in stats:
-        # Keys: each RoPE pair's largest pre-rotation norm bounds both its channels at every position (symmetric).
-        bound = torch.stack([stats["rope_pair_norm"][n].float() for n in names])
-        scale = bound / (2 ** (kv_bits - 1) - 1)
-        return scale.clamp(min=MIN_SCALE), torch.zeros_like(scale)
     if symmetric:
         absmax = torch.stack([reduce(stats["absmax"][n], "amax") for n in names])
         scale = absmax / (2 ** (kv_bits - 1) - 1)

@@ -94,17 +94,6 @@ def test_per_channel_keeps_the_head_dim_and_is_never_coarser(symmetric):
         torch.testing.assert_close(zero[1], (hi + lo).float() / 2)
 
 
-def test_per_channel_keys_use_the_rotation_invariant_pair_norm_when_calibrated():
-    stats = _stats(4)
-    stats["rope_pair_norm"] = {name: t.abs() * 1.5 + 0.1 for name, t in stats["absmax"].items()}
-    for symmetric in (False, True):
-        scale, zero = compute_qparams(stats, symmetric=symmetric, per_channel=True)
-        assert torch.equal(zero, torch.zeros(LAYERS, KV_HEADS, HEAD_DIM))
-        torch.testing.assert_close(scale[2], stats["rope_pair_norm"]["model.layers.2"] / 127)
-    head_scale, _ = compute_qparams(stats, symmetric=False)  # per head ignores it
-    torch.testing.assert_close(head_scale, compute_qparams(_stats(4), symmetric=False)[0])
-
-
 def test_constant_channel_gets_positive_scale():
     stats = _stats(0)
     for stat in ("max", "min", "absmax"):
