@@ -49,6 +49,7 @@ def main() -> None:
     args = parser.parse_args()
 
     text = load_eval_text(args.dataset, args.split)
+    ids = None  # every variant runs the same workspace, hence the same tokenizer: encode once
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         ws = Path(tmp) / "ws"
@@ -61,7 +62,8 @@ def main() -> None:
                 export_kv_qparams(KVQParamsConfig(args.calib_work_dir, str(weights), **options))
             start = time.perf_counter()
             engine = scoring_engine(str(ws), args.seqlen, device=args.device, dtype=args.dtype, quant_policy=policy)
-            ids = encode(engine.tokenizer, text.text)
+            if ids is None:
+                ids = encode(engine.tokenizer, text.text)
             result = perplexity(engine_window_scorer(engine), ids, seqlen=args.seqlen, max_windows=args.windows,
                                 progress=False, dataset=text.dataset, split=text.split)
             rows.append({"kv": name, "quant_policy": policy, "ppl": result.ppl, "windows": result.windows,

@@ -7,6 +7,15 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from lmd.chat.options import (
+    CacheBlockSeqLenOpt,
+    CacheMaxEntryCountOpt,
+    DtypeOpt,
+    MaxBatchSizeOpt,
+    QuantPolicyOpt,
+    SessionLenOpt,
+    TpOpt,
+)
 from lmd.errors import LmdError
 
 if TYPE_CHECKING:
@@ -32,24 +41,8 @@ ModelName = Annotated[
     str, typer.Option("--model-name", help="Chat template when MODEL is deployed first (see lmd deploy).")
 ]
 Device = Annotated[str, typer.Option("--device", help="auto (cuda when available), cpu or cuda[:N].")]
-Dtype = Annotated[str, typer.Option("--dtype", help="Compute dtype: auto (the workspace's), fp32, fp16 or bf16.")]
-MaxBatch = Annotated[
-    int | None, typer.Option("--max-batch-size", help="Engine's max running requests (default: config.ini).")
-]
-SessionLen = Annotated[
-    int | None, typer.Option("--session-len", help="Max tokens per request, prompt + output (default: config.ini).")
-]
 MaxContext = Annotated[
     int | None, typer.Option("--max-context-token-num", help="Tokens computed per engine step (prefill budget).")
-]
-CacheEntries = Annotated[
-    float | None, typer.Option("--cache-max-entry-count", help="KV cache: fraction of free memory (<= 1) or block count.")
-]
-BlockLen = Annotated[int | None, typer.Option("--cache-block-seq-len", help="Tokens per KV cache block.")]
-QuantPolicy = Annotated[int | None, typer.Option("--quant-policy", help="0: KV in the compute dtype, 4: KV int8.")]
-Tp = Annotated[
-    int | None,
-    typer.Option("--tp", help="Run a workspace deployed with --tp N as N processes, one rank each (default: 1 process)."),
 ]
 Seed = Annotated[int, typer.Option("--seed", help="Seed of the prompt sample (and of sampling, --temperature > 0).")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print the report as JSON instead of a table.")]
@@ -124,14 +117,14 @@ def throughput_command(
     seed: Seed = 0,
     model_name: ModelName = "hf",
     device: Device = "auto",
-    dtype: Dtype = "auto",
-    max_batch_size: MaxBatch = None,
-    session_len: SessionLen = None,
+    dtype: DtypeOpt = "auto",
+    max_batch_size: MaxBatchSizeOpt = None,
+    session_len: SessionLenOpt = None,
     max_context_token_num: MaxContext = None,
-    cache_max_entry_count: CacheEntries = None,
-    cache_block_seq_len: BlockLen = None,
-    quant_policy: QuantPolicy = None,
-    tp: Tp = None,
+    cache_max_entry_count: CacheMaxEntryCountOpt = None,
+    cache_block_seq_len: CacheBlockSeqLenOpt = None,
+    quant_policy: QuantPolicyOpt = None,
+    tp: TpOpt = None,
     as_json: AsJson = False,
 ) -> None:
     """Offline throughput: NUM_PROMPTS requests, at most CONCURRENCY in flight; requests/s, tokens/s, TTFT, TPOT."""
@@ -224,17 +217,17 @@ def latency_command(
     seed: Seed = 0,
     model_name: ModelName = "hf",
     device: Device = "auto",
-    dtype: Dtype = "auto",
+    dtype: DtypeOpt = "auto",
     max_batch_size: Annotated[
         int | None,
         typer.Option("--max-batch-size", help="Engine's max running requests (default: the largest --batch-size)."),
     ] = None,
-    session_len: SessionLen = None,
+    session_len: SessionLenOpt = None,
     max_context_token_num: MaxContext = None,
-    cache_max_entry_count: CacheEntries = None,
-    cache_block_seq_len: BlockLen = None,
-    quant_policy: QuantPolicy = None,
-    tp: Tp = None,
+    cache_max_entry_count: CacheMaxEntryCountOpt = None,
+    cache_block_seq_len: CacheBlockSeqLenOpt = None,
+    quant_policy: QuantPolicyOpt = None,
+    tp: TpOpt = None,
     as_json: AsJson = False,
 ) -> None:
     """Latency at fixed lengths per batch size: time to first token, decode ms per token, tokens/s."""
