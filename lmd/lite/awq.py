@@ -13,6 +13,11 @@ Per block, in order:
   4. quantize every linear (asymmetric, per group, int4) and put the dequantized weight back into the model, so the
      model that comes out is the fake-quantized one (for evaluation) and the codes are returned (for export).
 With search_scale and clip both off this is plain round-to-nearest (the RTN baseline runs the same code).
+
+Opt-in extensions beyond AWQ (same output format): asym_clip (awq_clip: top and bottom of the range shrunk
+separately), refine_scale (awq_refine: each group's grid fitted to its input Gram matrix), gptq (gptq: error-feedback
+rounding on the AWQ grid), quantized_inputs (each block calibrated on the outputs of the already-quantized blocks
+before it, as GPTQ does, instead of the float ones).
 """
 
 from __future__ import annotations
@@ -25,10 +30,11 @@ import torch.nn as nn
 
 from lmd.arch import ArchSpec, decoder_layers, get_arch, get_module
 from lmd.errors import LmdError
-from lmd.lite.awq_clip import apply_clip, search_clip
+from lmd.lite.awq_clip import apply_clip, apply_clip_range, search_clip, search_clip_asymmetric
 from lmd.lite.awq_inputs import BlockInputs, collect_block_inputs
+from lmd.lite.awq_round import Rounding, round_linear
 from lmd.lite.awq_search import HeadTying, ScaleGroup, ScaleResult, fold_scales, search_scale
-from lmd.lite.layerwise import capture_layer0_inputs, layer_on
+from lmd.lite.layerwise import capture_layer0_inputs, layer_on, run_layer
 from lmd.lite.quantizer import QuantizedWeight, fitting_group_sizes, quantize_weight
 
 GROUP_SIZES = (128, 64, 32)
@@ -45,6 +51,10 @@ class AwqConfig:
     search_tokens: int = 4096  # token rows the scale search re-runs modules on (0 = all calibration tokens)
     clip_tokens: int = 512
     gqa_v_o: bool = False  # search v -> o scales under GQA too, tied across each KV head's query heads
+    asym_clip: bool = False  # clip search over (low, high) pairs instead of a symmetric limit
+    refine_scale: bool = False  # fit each group's scale and zero point to its input Gram matrix after clipping
+    gptq: bool = False  # GPTQ error-feedback rounding on the AWQ grid
+    quantized_inputs: bool = False  # calibrate each block on the quantized previous blocks' outputs
     batch_size: int = 16
     device: str = "cpu"
 
@@ -52,18 +62,39 @@ class AwqConfig:
         if self.w_bits != 4:
             raise LmdError(f"--w-bits {self.w_bits} is not supported; lmd awq writes int4 (AutoAWQ gemm): use --w-bits 4")
         if self.group_size not in GROUP_SIZES:
-            raise LmdError(f"--w-group-size {self.group_size} is not supported; use one of "
-                           f"{', '.join(map(str, GROUP_SIZES))}")
+            raise LmdError(
+                f"--w-group-size {self.group_size} is not supported; use one of {', '.join(map(str, GROUP_SIZES))}"
+            )
         if self.duo_scaling not in DUO_MODES:
             raise LmdError(f"--duo-scaling {self.duo_scaling!r} is not valid; use auto, on or off")
         if self.batch_size < 1:
             raise LmdError(f"--batch-size {self.batch_size} must be at least 1")
+        if self.asym_clip and not self.clip:
+            raise LmdError("--asym-clip changes the clip search, which --no-clip turns off; drop one of them")
+        if self.quantized_inputs and not self.calibrated:
+            raise LmdError(
+                "--quantized-inputs needs a calibrated method; drop --no-search-scale/--no-clip or add "
+                "--gptq or --refine-scale"
+            )
+
+    @property
+    def rounding(self) -> Rounding:
+        return Rounding(refine=self.refine_scale, gptq=self.gptq)
 
     @property
     def method(self) -> str:
-        if not self.search_scale and not self.clip:
-            return "rtn"
-        return "awq" if self.search_scale and self.clip else ("awq-scale" if self.search_scale else "rtn-clip")
+        if self.search_scale and self.clip:
+            base = "awq"
+        elif self.search_scale:
+            base = "awq-scale"
+        else:
+            base = "rtn-clip" if self.clip else "rtn"
+        return base + ("+refine" if self.refine_scale else "") + ("+gptq" if self.gptq else "")
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether the method reads activations (plain RTN does not)."""
+        return self.method != "rtn"
 
 
 @dataclass(frozen=True)
@@ -80,41 +111,61 @@ def check_group_size(model: nn.Module, arch: ArchSpec, group_size: int) -> None:
             if linear.in_features % group_size:
                 fits = fitting_group_sizes(linear.in_features, GROUP_SIZES)
                 hint = f"use --w-group-size {' or '.join(map(str, fits))}" if fits else "no supported group size fits"
-                raise LmdError(f"--w-group-size {group_size}: {arch.layers}.{i}.{path} has {linear.in_features} "
-                               f"input channels, not a multiple of {group_size}; {hint}")
+                raise LmdError(
+                    f"--w-group-size {group_size}: {arch.layers}.{i}.{path} has {linear.in_features} "
+                    f"input channels, not a multiple of {group_size}; {hint}"
+                )
             if linear.out_features % 8:
-                raise LmdError(f"{arch.layers}.{i}.{path} has {linear.out_features} output channels, not a multiple "
-                               "of 8; the AWQ gemm format packs 8 output channels per int32")
+                raise LmdError(
+                    f"{arch.layers}.{i}.{path} has {linear.out_features} output channels, not a multiple "
+                    "of 8; the AWQ gemm format packs 8 output channels per int32"
+                )
 
 
-def quantize_model(model: nn.Module, input_ids: torch.Tensor, config: AwqConfig,
-                   on_layer: Callable[[LayerReport], None] | None = None) -> dict[str, QuantizedWeight]:
+def quantize_model(
+    model: nn.Module, input_ids: torch.Tensor, config: AwqConfig, on_layer: Callable[[LayerReport], None] | None = None
+) -> dict[str, QuantizedWeight]:
     """Quantize every decoder linear of `model` in place (fake-quantized weights) and return their int4 codes."""
     arch = get_arch(model.config)
     check_group_size(model, arch, config.group_size)
     layers = decoder_layers(model, model.config)
-    if not config.search_scale and not config.clip:
+    if not config.calibrated:
         return _round_to_nearest(layers, arch, config.group_size, on_layer)
     offload = next(model.parameters()).device
     inputs = capture_layer0_inputs(model, input_ids, config.device, config.batch_size, offload)
     quantized: dict[str, QuantizedWeight] = {}
     for index, layer in enumerate(layers):
         with layer_on(layer, config.device):
-            block = collect_block_inputs(layer, arch, inputs, config.device, config.search_tokens,
-                                         config.clip_tokens, offload)
+            block = collect_block_inputs(
+                layer,
+                arch,
+                inputs,
+                config.device,
+                config.search_tokens,
+                config.clip_tokens,
+                offload,
+                keep_gram=config.rounding.needs_hessian,
+            )
             results = _scale_block(layer, arch, block, config) if config.search_scale else ()
+            targets = (
+                {path: get_module(layer, path).weight.detach().clone() for path in arch.linears}
+                if config.rounding.needs_hessian
+                else None
+            )
             if config.clip:
-                _clip_block(layer, arch, block, config.group_size)
-            quantized.update(_quantize_layer(layer, arch, index, config.group_size))
-        inputs = block.outputs
-        del block
+                _clip_block(layer, arch, block, config.group_size, config.asym_clip)
+            quantized.update(_quantize_layer(layer, arch, index, config.group_size, config.rounding, block, targets))
+            # GPTQ-style: the next block sees what this quantized block makes of the (already quantized) inputs
+            inputs = run_layer(layer, inputs, config.device, offload) if config.quantized_inputs else block.outputs
+        del block, targets
         if on_layer is not None:
             on_layer(LayerReport(index, tuple(results)))
     return quantized
 
 
-def _round_to_nearest(layers: nn.ModuleList, arch: ArchSpec, group_size: int,
-                      on_layer: Callable[[LayerReport], None] | None) -> dict[str, QuantizedWeight]:
+def _round_to_nearest(
+    layers: nn.ModuleList, arch: ArchSpec, group_size: int, on_layer: Callable[[LayerReport], None] | None
+) -> dict[str, QuantizedWeight]:
     """Plain RTN needs no calibration data: quantize every linear where it lies."""
     quantized: dict[str, QuantizedWeight] = {}
     for index, layer in enumerate(layers):
@@ -124,12 +175,39 @@ def _round_to_nearest(layers: nn.ModuleList, arch: ArchSpec, group_size: int,
     return quantized
 
 
-def _quantize_layer(layer: nn.Module, arch: ArchSpec, index: int, group_size: int) -> dict[str, QuantizedWeight]:
-    """Quantize each linear and leave its dequantized weight in the model (the fake-quantized model)."""
+def _site_of(arch: ArchSpec) -> dict[str, str]:
+    """Which collected input each linear reads."""
+    return {
+        arch.q: "qkv",
+        arch.k: "qkv",
+        arch.v: "qkv",
+        arch.o: "o",
+        arch.gate: "gate_up",
+        arch.up: "gate_up",
+        arch.down: "down",
+    }
+
+
+def _quantize_layer(
+    layer: nn.Module,
+    arch: ArchSpec,
+    index: int,
+    group_size: int,
+    rounding: Rounding = Rounding(),
+    block: BlockInputs | None = None,
+    targets: dict[str, torch.Tensor] | None = None,
+) -> dict[str, QuantizedWeight]:
+    """Quantize each linear and leave its dequantized weight in the model (the fake-quantized model). `targets`: the
+    weights before clipping, which refine/gptq rounding approximates."""
     quantized = {}
+    site_of = _site_of(arch)
     for path in arch.linears:
         linear = get_module(layer, path)
-        q = quantize_weight(linear.weight.detach(), group_size)
+        if targets is None or block is None:
+            q = quantize_weight(linear.weight.detach(), group_size)
+        else:
+            hessian = block.sites[site_of[path]].hessian if rounding.needs_hessian else None
+            q = round_linear(targets[path], linear.weight.detach(), group_size, rounding, hessian)
         linear.weight.data = q.dequantize(linear.weight.dtype)
         quantized[f"{arch.layers}.{index}.{path}"] = _to_host(q)
     return quantized
@@ -154,20 +232,31 @@ def scale_groups(layer: nn.Module, arch: ArchSpec, block: BlockInputs, gqa_v_o: 
         return lambda: module(rows)
 
     q, k, v, o = m(arch.q), m(arch.k), m(arch.v), m(arch.o)
-    groups = [ScaleGroup(f"{arch.attn_norm} -> q,k,v", m(arch.attn_norm), [q, k, v], "qkv",
-                         sites["qkv"].x_mean, run_attention)]
+    groups = [
+        ScaleGroup(f"{arch.attn_norm} -> q,k,v", m(arch.attn_norm), [q, k, v], "qkv", sites["qkv"].x_mean, run_attention)
+    ]
     if v.out_features == o.in_features:
         groups.append(ScaleGroup("v -> o", v, [o], "o", sites["o"].x_mean, run_on(o, sites["o"].search_rows())))
     elif gqa_v_o and o.in_features % v.out_features == 0:
         head_dim = int(attn.head_dim)
         tying = HeadTying(v.out_features // head_dim, o.in_features // v.out_features, head_dim)
-        groups.append(ScaleGroup("v -> o (GQA, tied)", v, [o], "o", sites["o"].x_mean,
-                                 run_on(o, sites["o"].search_rows()), tying))
+        groups.append(
+            ScaleGroup("v -> o (GQA, tied)", v, [o], "o", sites["o"].x_mean, run_on(o, sites["o"].search_rows()), tying)
+        )
     gate, up, down = m(arch.gate), m(arch.up), m(arch.down)
-    groups.append(ScaleGroup(f"{arch.mlp_norm} -> gate,up", m(arch.mlp_norm), [gate, up], "gate_up",
-                             sites["gate_up"].x_mean, run_on(m(arch.mlp), sites["gate_up"].search_rows())))
-    groups.append(ScaleGroup("up -> down", up, [down], "down", sites["down"].x_mean,
-                             run_on(down, sites["down"].search_rows())))
+    groups.append(
+        ScaleGroup(
+            f"{arch.mlp_norm} -> gate,up",
+            m(arch.mlp_norm),
+            [gate, up],
+            "gate_up",
+            sites["gate_up"].x_mean,
+            run_on(m(arch.mlp), sites["gate_up"].search_rows()),
+        )
+    )
+    groups.append(
+        ScaleGroup("up -> down", up, [down], "down", sites["down"].x_mean, run_on(down, sites["down"].search_rows()))
+    )
     return groups
 
 
@@ -181,12 +270,16 @@ def _scale_block(layer: nn.Module, arch: ArchSpec, block: BlockInputs, config: A
     return tuple(results)
 
 
-def _clip_block(layer: nn.Module, arch: ArchSpec, block: BlockInputs, group_size: int) -> None:
-    site_of = {arch.v: "qkv", arch.o: "o", arch.gate: "gate_up", arch.up: "gate_up", arch.down: "down"}
-    for path, site in site_of.items():  # q and k are never clipped
+def _clip_block(layer: nn.Module, arch: ArchSpec, block: BlockInputs, group_size: int, asymmetric: bool) -> None:
+    for path, site in _site_of(arch).items():
+        if path in (arch.q, arch.k):  # q and k are never clipped
+            continue
         linear = get_module(layer, path)
-        max_val = search_clip(linear.weight.detach(), block.sites[site].clip_rows(), group_size)
-        apply_clip(linear, max_val, group_size)
+        rows = block.sites[site].clip_rows()
+        if asymmetric:
+            apply_clip_range(linear, *search_clip_asymmetric(linear.weight.detach(), rows, group_size), group_size)
+        else:
+            apply_clip(linear, search_clip(linear.weight.detach(), rows, group_size), group_size)
 
 
 def _to_host(q: QuantizedWeight) -> QuantizedWeight:

@@ -4,6 +4,11 @@ For every candidate max = absmax · (1 − i/20), i = 0..9 (10 shrink steps of 5
 is clamped to [−max, max] and fake-quantized; the error is the mean over sampled tokens of the squared difference of
 that group's partial dot product, x_group · w_group, against the float one. Each (row, group) keeps its best max.
 Query and key projections are not clipped (their errors are amplified by the softmax; AutoAWQ skips them too).
+
+`search_clip_asymmetric` (lmd's `--asym-clip`, beyond AWQ) shrinks the top and the bottom of the range separately:
+[min · (1 − j/20), max · (1 − i/20)] for every pair i, j = 0..9 (the symmetric candidates' 10 steps on each side),
+plus the 10 symmetric candidates themselves, all scored the same way: no (row, group) gets a larger error than with
+the symmetric search or unclipped.
 """
 
 from __future__ import annotations
@@ -24,11 +29,7 @@ def search_clip(weight: torch.Tensor, x: torch.Tensor, group_size: int) -> torch
     The error of a weight change d in one group is mean_t (x_t · d)^2 = d^T H d with H = mean_t x_t x_t^T, the
     group's [g, g] Gram matrix: exact, and far cheaper than re-running the tokens for every candidate.
     """
-    out, inp = weight.shape
-    groups = inp // group_size
-    xg = x.to(torch.float32).reshape(-1, groups, group_size).transpose(0, 1)  # [G, T, g]
-    gram = torch.bmm(xg.transpose(1, 2), xg) / xg.shape[1]  # [G, g, g]
-    w = weight.to(torch.float32).reshape(out, groups, group_size).transpose(0, 1)  # [G, out, g]
+    w, gram = _by_group(weight, x, group_size)
     absmax = w.abs().amax(dim=-1, keepdim=True)  # [G, out, 1]
     min_err = torch.full(absmax.shape[:2], float("inf"), device=w.device)
     chosen = absmax.squeeze(-1).clone()
@@ -42,9 +43,48 @@ def search_clip(weight: torch.Tensor, x: torch.Tensor, group_size: int) -> torch
     return chosen.transpose(0, 1).contiguous()
 
 
+def _by_group(weight: torch.Tensor, x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [out, in], x [tokens, in] -> weight [G, out, g] and each group's Gram matrix mean x x^T [G, g, g]."""
+    out, inp = weight.shape
+    groups = inp // group_size
+    xg = x.to(torch.float32).reshape(-1, groups, group_size).transpose(0, 1)  # [G, T, g]
+    gram = torch.bmm(xg.transpose(1, 2), xg) / xg.shape[1]
+    return weight.to(torch.float32).reshape(out, groups, group_size).transpose(0, 1), gram
+
+
+@torch.no_grad()
+def search_clip_asymmetric(weight: torch.Tensor, x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [out, in], x [tokens, in] -> the best (low, high) limits per (row, group), each [out, G]."""
+    w, gram = _by_group(weight, x, group_size)
+    wmax, wmin = w.amax(dim=-1, keepdim=True), w.amin(dim=-1, keepdim=True)  # [G, out, 1]
+    min_err = torch.full(wmax.shape[:2], float("inf"), device=w.device)
+    best_lo, best_hi = wmin.squeeze(-1).clone(), wmax.squeeze(-1).clone()
+    absmax = w.abs().amax(dim=-1, keepdim=True)
+    symmetric = [(-absmax * (1 - i / N_GRID), absmax * (1 - i / N_GRID)) for i in range(SHRINK_STEPS)]
+    pairs = [
+        (torch.minimum(wmin * (1 - bottom / N_GRID), wmax * (1 - top / N_GRID)), wmax * (1 - top / N_GRID))
+        for top in range(SHRINK_STEPS)
+        for bottom in range(SHRINK_STEPS)
+    ]
+    for lo, hi in symmetric + pairs:
+        delta = fake_quantize_groups(torch.clamp(w, lo, hi)) - w
+        err = (torch.bmm(delta, gram) * delta).sum(dim=-1)
+        better = err < min_err
+        min_err = torch.where(better, err, min_err)
+        best_lo = torch.where(better, lo.squeeze(-1), best_lo)
+        best_hi = torch.where(better, hi.squeeze(-1), best_hi)
+    return best_lo.transpose(0, 1).contiguous(), best_hi.transpose(0, 1).contiguous()
+
+
+@torch.no_grad()
+def apply_clip_range(linear: nn.Linear, low: torch.Tensor, high: torch.Tensor, group_size: int) -> None:
+    """Clamp each (row, group) of the weight to [low, high] (each [out, G])."""
+    out, inp = linear.weight.shape
+    lo, hi = (t.to(linear.weight.device).unsqueeze(-1) for t in (low, high))
+    w = linear.weight.to(torch.float32).reshape(out, inp // group_size, group_size)
+    linear.weight.data = torch.clamp(w, lo, hi).reshape(out, inp).to(linear.weight.dtype)
+
+
 @torch.no_grad()
 def apply_clip(linear: nn.Linear, max_val: torch.Tensor, group_size: int) -> None:
-    out, inp = linear.weight.shape
-    limit = max_val.to(linear.weight.device).unsqueeze(-1)
-    w = linear.weight.to(torch.float32).reshape(out, inp // group_size, group_size)
-    linear.weight.data = torch.clamp(w, -limit, limit).reshape(out, inp).to(linear.weight.dtype)
+    apply_clip_range(linear, -max_val, max_val, group_size)

@@ -3,7 +3,8 @@
 Per input site (the input shared by q/k/v, by o, by gate/up, by down):
   - abs_sum: sum of |x| per input channel over ALL calibration tokens (-> x_mean for the scale candidates),
   - search:  a fixed random subset of token rows (the inputs on which per-token modules are re-run during the search),
-  - clip:    an evenly strided subset of token rows (the inputs of the clip search).
+  - clip:    an evenly strided subset of token rows (the inputs of the clip search),
+  - gram:    only when asked (--refine-scale, --gptq): sum of x x^T over ALL calibration tokens (-> the Hessian).
 Attention mixes tokens, so its search inputs are whole sequences: the call arguments of the attention module for the
 first chunks, up to the token budget.
 
@@ -31,12 +32,18 @@ class InputSite:
     count: int = 0
     search: list[torch.Tensor] = field(default_factory=list)
     clip: list[torch.Tensor] = field(default_factory=list)
+    keep_gram: bool = False
+    gram: torch.Tensor | None = None  # sum of x x^T, float32 [in, in], when keep_gram
 
     def record(self, x: torch.Tensor) -> None:
         rows = x.detach().reshape(-1, x.shape[-1])
         start, stop = self.count, self.count + rows.shape[0]
         part = rows.abs().to(torch.float32).sum(dim=0)
         self.abs_sum = part if self.abs_sum is None else self.abs_sum + part
+        if self.keep_gram:
+            rows32 = rows.to(torch.float32)
+            outer = rows32.T @ rows32
+            self.gram = outer if self.gram is None else self.gram + outer
         self.count = stop
         for index, store in ((self.search_index, self.search), (self.clip_index, self.clip)):
             local = index[(index >= start) & (index < stop)] - start
@@ -47,6 +54,12 @@ class InputSite:
     def x_mean(self) -> torch.Tensor:
         assert self.abs_sum is not None, "no tokens recorded"
         return self.abs_sum / self.count
+
+    @property
+    def hessian(self) -> torch.Tensor:
+        """mean x x^T over all calibration tokens [in, in]."""
+        assert self.gram is not None, "the Gram matrix was not collected (keep_gram)"
+        return self.gram / self.count
 
     def search_rows(self) -> torch.Tensor:
         return torch.cat(self.search, dim=0)
@@ -59,6 +72,9 @@ class InputSite:
         s = scales.view(1, -1)
         self.search = [(x.to(torch.float32) / s.to(x.device)).to(x.dtype) for x in self.search]
         self.clip = [(x.to(torch.float32) / s.to(x.device)).to(x.dtype) for x in self.clip]
+        if self.gram is not None:
+            s = s.to(self.gram.device, torch.float32)
+            self.gram = self.gram / (s.T @ s)
 
 
 @dataclass
@@ -88,14 +104,22 @@ def sample_indices(total: int, search_tokens: int, clip_tokens: int, seed: int =
 
 
 @torch.no_grad()
-def collect_block_inputs(layer: nn.Module, arch: ArchSpec, inputs: LayerInputs, device: str | torch.device,
-                         search_tokens: int, clip_tokens: int, offload_device: str | torch.device = "cpu",
-                         ) -> BlockInputs:
-    """Run the float block over all chunks (`layer` already on `device`) and gather every site's statistics."""
+def collect_block_inputs(
+    layer: nn.Module,
+    arch: ArchSpec,
+    inputs: LayerInputs,
+    device: str | torch.device,
+    search_tokens: int,
+    clip_tokens: int,
+    offload_device: str | torch.device = "cpu",
+    keep_gram: bool = False,
+) -> BlockInputs:
+    """Run the float block over all chunks (`layer` already on `device`) and gather every site's statistics
+    (with keep_gram, also each site's Gram matrix over all tokens)."""
     seqlen = inputs.hidden[0].shape[1]
     total = inputs.num_samples * seqlen
     search_index, clip_index = sample_indices(total, search_tokens, clip_tokens)
-    sites = {name: InputSite(search_index, clip_index) for name in SITES}
+    sites = {name: InputSite(search_index, clip_index, keep_gram=keep_gram) for name in SITES}
     attn_calls: list[tuple[tuple, dict[str, Any]]] = []
     attn_budget = total if search_tokens <= 0 else search_tokens
 
@@ -110,8 +134,10 @@ def collect_block_inputs(layer: nn.Module, arch: ArchSpec, inputs: LayerInputs, 
         keep = min(batch, -(-(attn_budget - taken) // length))
         attn_calls.append((_take_batch(args, batch, keep), _take_batch(kwargs, batch, keep)))
 
-    handles = [get_module(layer, path).register_forward_pre_hook(site_hook(sites[name]))
-               for name, path in _site_modules(arch).items()]
+    handles = [
+        get_module(layer, path).register_forward_pre_hook(site_hook(sites[name]))
+        for name, path in _site_modules(arch).items()
+    ]
     handles.append(get_module(layer, arch.attn).register_forward_pre_hook(attn_hook, with_kwargs=True))
     try:
         outputs = run_layer(layer, inputs, device, offload_device)

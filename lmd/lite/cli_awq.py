@@ -22,31 +22,66 @@ def awq_command(
     work_dir: str = typer.Option(..., "--work-dir", help="Output directory for the quantized HF model."),
     w_bits: int = typer.Option(4, "--w-bits", help="Weight bits (only 4)."),
     w_group_size: int = typer.Option(128, "--w-group-size", help="Input channels per quantization group: 128, 64 or 32."),
-    calib_dataset: str = typer.Option("pileval", "--calib-dataset",
-                                      help="pileval (falls back to c4 when unavailable), c4, ptb, wikitext2, pydoc "
-                                           "or a path."),
+    calib_dataset: str = typer.Option(
+        "pileval",
+        "--calib-dataset",
+        help="pileval (falls back to c4 when unavailable), c4, ptb, wikitext2, pydoc or a path.",
+    ),
     calib_samples: int = typer.Option(128, "--calib-samples", help="Calibration sequences."),
     calib_seqlen: int = typer.Option(512, "--calib-seqlen", help="Tokens per calibration sequence."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda (one decoder layer at a time lives there)."),
     batch_size: int = typer.Option(16, "--batch-size", help="Calibration sequences per forward."),
     no_search_scale: bool = typer.Option(False, "--no-search-scale", help="Skip the activation-aware scale search."),
     no_clip: bool = typer.Option(False, "--no-clip", help="Skip the weight clipping search (both off = plain RTN)."),
-    duo_scaling: str = typer.Option("on", "--duo-scaling",
-                                    help="Scale candidates: on (x^a / w^(1-a), AutoAWQ), off (x^a, llm-awq), "
-                                         "auto (both grids, lowest loss wins)."),
-    search_tokens: int = typer.Option(4096, "--search-tokens",
-                                      help="Token rows the scale search re-runs each module on (0 = all); x_mean "
-                                           "always uses every calibration token."),
-    gqa_v_o: bool = typer.Option(False, "--gqa-v-o/--no-gqa-v-o",
-                                 help="Also search v -> o scales under GQA (AutoAWQ skips them): one scale per v "
-                                      "channel, shared by the query heads that read it."),
+    duo_scaling: str = typer.Option(
+        "on",
+        "--duo-scaling",
+        help="Scale candidates: on (x^a / w^(1-a), AutoAWQ), off (x^a, llm-awq), auto (both grids, lowest loss wins).",
+    ),
+    search_tokens: int = typer.Option(
+        4096,
+        "--search-tokens",
+        help="Token rows the scale search re-runs each module on (0 = all); x_mean always uses every calibration token.",
+    ),
+    gqa_v_o: bool = typer.Option(
+        False,
+        "--gqa-v-o/--no-gqa-v-o",
+        help="Also search v -> o scales under GQA (AutoAWQ skips them): one scale per v "
+        "channel, shared by the query heads that read it.",
+    ),
+    asym_clip: bool = typer.Option(
+        False,
+        "--asym-clip",
+        help="Beyond AWQ: the clip search shrinks the top and the bottom of each group's "
+        "range separately (10 x 10 candidates) instead of one symmetric limit.",
+    ),
+    refine_scale: bool = typer.Option(
+        False,
+        "--refine-scale",
+        help="Beyond AWQ: after clipping, fit each group's fp16 scale and integer zero "
+        "point to the output error d^T H d (H: the group's input Gram matrix over "
+        "all calibration tokens).",
+    ),
+    gptq: bool = typer.Option(
+        False,
+        "--gptq",
+        help="Beyond AWQ: choose the codes with GPTQ's error feedback (inverse Hessian of the "
+        "inputs, act-order, damp 0.01) on the AWQ grid; the same AutoAWQ format.",
+    ),
+    quantized_inputs: bool = typer.Option(
+        False,
+        "--quantized-inputs",
+        help="Calibrate each block on the outputs of the already quantized blocks "
+        "before it (as GPTQ does) instead of the float model's.",
+    ),
     eval_dataset: str = typer.Option("wikitext2", "--eval-dataset", help="Data set of the fp-vs-int4 ppl report."),
     eval_windows: int = typer.Option(4, "--eval-windows", help="Windows of the ppl report (0 = all)."),
     eval_seqlen: int = typer.Option(2048, "--eval-seqlen", help="Tokens per ppl window."),
     no_eval: bool = typer.Option(False, "--no-eval", help="Skip the ppl report."),
     no_eval_fp: bool = typer.Option(False, "--no-eval-fp", help="Skip only the float baseline of the ppl report."),
-    data_dir: str | None = typer.Option(None, "--data-dir",
-                                        help="Local data mirror laid out like ../shared/data (default $LMD_DATA_DIR)."),
+    data_dir: str | None = typer.Option(
+        None, "--data-dir", help="Local data mirror laid out like ../shared/data (default $LMD_DATA_DIR)."
+    ),
     seed: int = typer.Option(0, "--seed", help="Calibration sampling seed."),
     force: bool = typer.Option(False, "--force", help="Overwrite a non-empty --work-dir."),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
@@ -61,9 +96,21 @@ def awq_command(
     from lmd.lite.output_dir import atomic_output_dir, check_output_dir
     from lmd.model_source import check_device, load_causal_lm, load_config, load_tokenizer, resolve_model
 
-    config = AwqConfig(w_bits=w_bits, group_size=w_group_size, search_scale=not no_search_scale, clip=not no_clip,
-                       duo_scaling=duo_scaling, search_tokens=search_tokens, gqa_v_o=gqa_v_o, batch_size=batch_size,
-                       device=check_device(device))
+    config = AwqConfig(
+        w_bits=w_bits,
+        group_size=w_group_size,
+        search_scale=not no_search_scale,
+        clip=not no_clip,
+        duo_scaling=duo_scaling,
+        search_tokens=search_tokens,
+        gqa_v_o=gqa_v_o,
+        asym_clip=asym_clip,
+        refine_scale=refine_scale,
+        gptq=gptq,
+        quantized_inputs=quantized_inputs,
+        batch_size=batch_size,
+        device=check_device(device),
+    )
     if eval_windows < 0:
         raise LmdError(f"--eval-windows {eval_windows} must be 0 (all) or more")
     check_output_dir(work_dir, force)
@@ -72,16 +119,26 @@ def awq_command(
     tokenizer = load_tokenizer(source)
     lm = load_causal_lm(source, dtype="float32", device="cpu")
     check_group_size(lm, arch, config.group_size)
-    report: dict[str, Any] = {"model": source.display_name, "work_dir": work_dir, "method": config.method,
-                              **asdict(config)}
-    if config.method == "rtn":  # round-to-nearest reads no activations
+    report: dict[str, Any] = {
+        "model": source.display_name,
+        "work_dir": work_dir,
+        "method": config.method,
+        **asdict(config),
+    }
+    if not config.calibrated:  # round-to-nearest reads no activations
         input_ids = torch.zeros(0, dtype=torch.long)
         report.update(calib_dataset="none", calib_split="", calib_samples=0, calib_seqlen=0)
     else:
         calib = _calibration_set(calib_dataset, tokenizer, calib_samples, calib_seqlen, seed, data_dir)
         input_ids = calib.input_ids
-        report.update(calib_dataset=calib.dataset, calib_split=calib.split, calib_source=calib.source,
-                      calib_samples=calib.nsamples, calib_seqlen=calib.seqlen, seed=seed)
+        report.update(
+            calib_dataset=calib.dataset,
+            calib_split=calib.split,
+            calib_source=calib.source,
+            calib_samples=calib.nsamples,
+            calib_seqlen=calib.seqlen,
+            seed=seed,
+        )
     eval_ids, eval_label = (None, "") if no_eval else _eval_ids(eval_dataset, tokenizer, data_dir)
     if eval_ids is not None and not no_eval_fp:
         report["fp_ppl"] = _ppl(lm, eval_ids, eval_seqlen, eval_windows, config.device, json_out).ppl
@@ -93,8 +150,7 @@ def awq_command(
 
     if eval_ids is not None:
         result = _ppl(lm, eval_ids, eval_seqlen, eval_windows, config.device, json_out)
-        report.update(int4_ppl=result.ppl, eval_dataset=eval_label, eval_windows=result.windows,
-                      eval_seqlen=eval_seqlen)
+        report.update(int4_ppl=result.ppl, eval_dataset=eval_label, eval_windows=result.windows, eval_seqlen=eval_seqlen)
     report["lmd_version"] = __version__
     with atomic_output_dir(work_dir, force) as tmp:
         write_awq_model(lm, quantized, tokenizer, tmp, config.group_size, report)
@@ -104,8 +160,7 @@ def awq_command(
         _print_report(report)
 
 
-def _calibration_set(dataset: str, tokenizer, nsamples: int, seqlen: int, seed: int, data_dir: str | None
-                     ) -> CalibSet:
+def _calibration_set(dataset: str, tokenizer, nsamples: int, seqlen: int, seed: int, data_dir: str | None) -> CalibSet:
     from lmd.calib_data import get_calib_samples
     from lmd.calib_data.sources import say
 
@@ -131,8 +186,9 @@ def _ppl(lm, ids: torch.Tensor, seqlen: int, windows: int, device: str, quiet: b
 
     lm.to(device)
     try:
-        return perplexity(hf_window_scorer(lm, device), ids, seqlen=seqlen, max_windows=windows or None,
-                          progress=not quiet)
+        return perplexity(
+            hf_window_scorer(lm, device), ids, seqlen=seqlen, max_windows=windows or None, progress=not quiet
+        )
     finally:
         lm.to("cpu")
 
@@ -144,8 +200,13 @@ def _quantize_with_progress(lm, input_ids: torch.Tensor, config, quiet: bool):
     from lmd.lite.awq import quantize_model
 
     layers = lm.config.num_hidden_layers
-    columns = (TextColumn(f"{config.method} w4 g{config.group_size}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[note]}"), TimeElapsedColumn())
+    columns = (
+        TextColumn(f"{config.method} w4 g{config.group_size}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[note]}"),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=Console(stderr=True), disable=quiet, transient=True) as bar:
         task = bar.add_task("layers", total=layers, note="capturing layer 0 inputs")
 
@@ -164,10 +225,17 @@ def _print_report(report: dict[str, Any]) -> None:
     table = Table(title=f"lmd awq: {report['method']} w4 g{report['group_size']}", show_header=False)
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
-    calib = (f"{report['calib_dataset']} ({report['calib_split']}) {report['calib_samples']} x {report['calib_seqlen']}"
-             if report["calib_samples"] else "none (RTN)")
-    rows = [("model", report["model"]), ("output", report["work_dir"]), ("calibration", calib),
-            ("quantize time", f"{report['quantize_seconds']:.1f} s")]
+    calib = (
+        f"{report['calib_dataset']} ({report['calib_split']}) {report['calib_samples']} x {report['calib_seqlen']}"
+        if report["calib_samples"]
+        else "none (RTN)"
+    )
+    rows = [
+        ("model", report["model"]),
+        ("output", report["work_dir"]),
+        ("calibration", calib),
+        ("quantize time", f"{report['quantize_seconds']:.1f} s"),
+    ]
     if "int4_ppl" in report:
         q = report["int4_ppl"]
         rows.append(("eval", f"{report['eval_dataset']}, {report['eval_windows']} x {report['eval_seqlen']} tokens"))

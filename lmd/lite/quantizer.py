@@ -49,12 +49,30 @@ def _group_params(grouped: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def quantize_weight(w: torch.Tensor, group_size: int) -> QuantizedWeight:
+    scale, zero = min_max_params(w, group_size)
+    return quantize_with_params(w, scale, zero, group_size)
+
+
+def min_max_params(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """W [out, in] -> the min-max (scale, zero) per (row, group), both fp32 [out, in // g] (scale fp16-representable)."""
+    out, inp = w.shape
+    scale, zero = _group_params(w.to(torch.float32).reshape(out, inp // group_size, group_size))
+    return scale.squeeze(-1), zero.squeeze(-1)
+
+
+def quantize_with_params(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int) -> QuantizedWeight:
+    """Round W [out, in] to the given per-group grid (scale, zero [out, in // g]); out-of-range values saturate."""
     out, inp = w.shape
     grouped = w.to(torch.float32).reshape(out, inp // group_size, group_size)
-    scale, zero = _group_params(grouped)
+    scale = scale.to(SCALE_DTYPE).to(torch.float32).unsqueeze(-1)
+    zero = zero.to(torch.float32).unsqueeze(-1)
     codes = torch.clamp(torch.round(grouped / scale) + zero, 0, MAX_CODE)
-    return QuantizedWeight(codes=codes.reshape(out, inp).to(torch.uint8), zeros=zero.squeeze(-1).to(torch.uint8),
-                           scales=scale.squeeze(-1).to(SCALE_DTYPE), group_size=group_size)
+    return QuantizedWeight(
+        codes=codes.reshape(out, inp).to(torch.uint8),
+        zeros=zero.squeeze(-1).to(torch.uint8),
+        scales=scale.squeeze(-1).to(SCALE_DTYPE),
+        group_size=group_size,
+    )
 
 
 def fake_quantize_groups(grouped: torch.Tensor) -> torch.Tensor:

@@ -49,12 +49,34 @@ def test_awq_output_error_is_lower_than_rtn(outlier_model):
     calib, held_out = _ids(8, 64, seed=0), _ids(4, 64, seed=1)
     reference = _final_hidden(_load(outlier_model), held_out)
     errors = {}
-    for name, config in {"rtn": AwqConfig(group_size=32, search_scale=False, clip=False),
-                         "awq": AwqConfig(group_size=32, batch_size=4)}.items():
+    for name, config in {
+        "rtn": AwqConfig(group_size=32, search_scale=False, clip=False),
+        "awq": AwqConfig(group_size=32, batch_size=4),
+    }.items():
         model = _load(outlier_model)
         quantize_model(model, calib, config)
         errors[name] = float((_final_hidden(model, held_out) - reference).pow(2).mean())
     assert errors["awq"] < 0.8 * errors["rtn"], errors
+
+
+def test_gptq_with_quantized_inputs_beats_plain_awq(outlier_model):
+    calib, held_out = _ids(8, 64, seed=0), _ids(4, 64, seed=1)
+    reference = _final_hidden(_load(outlier_model), held_out)
+    errors = {}
+    for name, config in {
+        "awq": AwqConfig(group_size=32, batch_size=4),
+        "gptq": AwqConfig(group_size=32, batch_size=4, gptq=True, quantized_inputs=True),
+    }.items():
+        model = _load(outlier_model)
+        quantize_model(model, calib, config)
+        errors[name] = float((_final_hidden(model, held_out) - reference).pow(2).mean())
+    assert errors["gptq"] < errors["awq"], errors
+
+
+def test_method_names_the_extensions():
+    assert AwqConfig().method == "awq" and AwqConfig(gptq=True, refine_scale=True).method == "awq+refine+gptq"
+    assert AwqConfig(search_scale=False, clip=False, gptq=True).calibrated
+    assert not AwqConfig(search_scale=False, clip=False).calibrated
 
 
 def test_rtn_path_is_plain_round_to_nearest(tiny_llama):
@@ -71,16 +93,33 @@ def test_rtn_path_is_plain_round_to_nearest(tiny_llama):
 
 
 def test_group_size_that_does_not_divide_names_the_layer_and_the_sizes_that_fit(tmp_path):
-    model = _load(build_tiny_model(tmp_path / "m", "llama", hidden_size=96, intermediate_size=192,
-                                   num_attention_heads=4, num_key_value_heads=2))
-    with pytest.raises(LmdError, match=r"model\.layers\.0\.self_attn\.q_proj has 96 input channels.*"
-                                       r"use --w-group-size 32"):
+    model = _load(
+        build_tiny_model(
+            tmp_path / "m", "llama", hidden_size=96, intermediate_size=192, num_attention_heads=4, num_key_value_heads=2
+        )
+    )
+    with pytest.raises(
+        LmdError,
+        match=r"model\.layers\.0\.self_attn\.q_proj has 96 input channels.*"
+        r"use --w-group-size 32",
+    ):
         check_group_size(model, get_arch(model.config), 64)
 
 
-@pytest.mark.parametrize("kwargs,match", [({"w_bits": 8}, "--w-bits 8"), ({"group_size": 100}, "--w-group-size 100"),
-                                          ({"duo_scaling": "maybe"}, "--duo-scaling"),
-                                          ({"batch_size": 0}, "--batch-size")])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"w_bits": 8}, "--w-bits 8"),
+        ({"group_size": 100}, "--w-group-size 100"),
+        ({"duo_scaling": "maybe"}, "--duo-scaling"),
+        ({"batch_size": 0}, "--batch-size"),
+        ({"clip": False, "asym_clip": True}, "--asym-clip.*--no-clip"),
+        (
+            {"search_scale": False, "clip": False, "quantized_inputs": True},
+            "--quantized-inputs needs a calibrated method",
+        ),
+    ],
+)
 def test_config_errors(kwargs, match):
     with pytest.raises(LmdError, match=match):
         AwqConfig(**kwargs)

@@ -28,9 +28,28 @@ def calib_text(tmp_path_factory) -> Path:
 
 def test_cli_writes_an_awq_directory_and_reports_ppl(tiny_llama, calib_text, tmp_path):
     out = tmp_path / "awq"
-    run = _lmd(str(tiny_llama), "--work-dir", str(out), "--w-group-size", "32", "--calib-dataset", str(calib_text),
-               "--calib-samples", "4", "--calib-seqlen", "64", "--batch-size", "2", "--eval-dataset", str(calib_text),
-               "--eval-windows", "1", "--eval-seqlen", "128", "--json")
+    run = _lmd(
+        str(tiny_llama),
+        "--work-dir",
+        str(out),
+        "--w-group-size",
+        "32",
+        "--calib-dataset",
+        str(calib_text),
+        "--calib-samples",
+        "4",
+        "--calib-seqlen",
+        "64",
+        "--batch-size",
+        "2",
+        "--eval-dataset",
+        str(calib_text),
+        "--eval-windows",
+        "1",
+        "--eval-seqlen",
+        "128",
+        "--json",
+    )
     assert run.returncode == 0, run.stderr
     report = json.loads(run.stdout)
     assert report["method"] == "awq" and report["group_size"] == 32 and report["calib_samples"] == 4
@@ -45,8 +64,16 @@ def test_cli_writes_an_awq_directory_and_reports_ppl(tiny_llama, calib_text, tmp
 
 def test_group_size_error_names_the_layer_and_the_fitting_sizes(tmp_path, calib_text):
     model = build_tiny_model(tmp_path / "m", "llama", hidden_size=96, intermediate_size=192)
-    run = _lmd(str(model), "--work-dir", str(tmp_path / "out"), "--w-group-size", "64", "--no-eval",
-               "--calib-dataset", str(calib_text))
+    run = _lmd(
+        str(model),
+        "--work-dir",
+        str(tmp_path / "out"),
+        "--w-group-size",
+        "64",
+        "--no-eval",
+        "--calib-dataset",
+        str(calib_text),
+    )
     assert run.returncode == 1 and "Traceback" not in run.stderr
     assert "model.layers.0.self_attn.q_proj has 96 input channels" in run.stderr
     assert "--w-group-size 32" in run.stderr
@@ -62,9 +89,15 @@ def test_unsupported_architecture_lists_the_supported_ones(tmp_path):
     assert "'gpt2' is not supported" in run.stderr and "llama, mistral, qwen2" in run.stderr
 
 
-@pytest.mark.parametrize("flags,message", [(["--w-bits", "8"], "--w-bits 8"),
-                                           (["--w-group-size", "96"], "--w-group-size 96"),
-                                           (["--duo-scaling", "sometimes"], "--duo-scaling")])
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--w-bits", "8"], "--w-bits 8"),
+        (["--w-group-size", "96"], "--w-group-size 96"),
+        (["--duo-scaling", "sometimes"], "--duo-scaling"),
+        (["--asym-clip", "--no-clip"], "--asym-clip"),
+    ],
+)
 def test_bad_flags_fail_before_loading_anything(tmp_path, flags, message):
     run = _lmd(str(tmp_path / "does-not-matter"), "--work-dir", str(tmp_path / "out"), *flags)
     assert run.returncode == 1 and message in run.stderr and "Traceback" not in run.stderr
@@ -78,6 +111,16 @@ def test_cli_defaults_are_the_config_defaults():
 
     params = inspect.signature(awq_command).parameters
     config = AwqConfig()
-    for flag, field in (("w_bits", "w_bits"), ("w_group_size", "group_size"), ("duo_scaling", "duo_scaling"),
-                        ("search_tokens", "search_tokens"), ("batch_size", "batch_size"), ("device", "device")):
+    for flag, field in (
+        ("w_bits", "w_bits"),
+        ("w_group_size", "group_size"),
+        ("duo_scaling", "duo_scaling"),
+        ("search_tokens", "search_tokens"),
+        ("batch_size", "batch_size"),
+        ("device", "device"),
+        ("asym_clip", "asym_clip"),
+        ("refine_scale", "refine_scale"),
+        ("gptq", "gptq"),
+        ("quantized_inputs", "quantized_inputs"),
+    ):
         assert params[flag].default.default == getattr(config, field), flag

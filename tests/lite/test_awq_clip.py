@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import torch
 
-from lmd.lite.awq_clip import N_GRID, SHRINK_STEPS, apply_clip, search_clip
+from lmd.lite.awq_clip import N_GRID, SHRINK_STEPS, apply_clip, apply_clip_range, search_clip, search_clip_asymmetric
 from lmd.lite.quantizer import fake_quantize_groups
 
 
@@ -39,3 +39,43 @@ def test_apply_clip_clamps_each_group_to_its_limit():
     apply_clip(lin, torch.tensor([[0.5, 0.25], [1.0, 0.1]]), 32)
     w = lin.weight.view(2, 2, 32)
     assert w[0, 0].abs().max() <= 0.5 and w[0, 1].abs().max() <= 0.25 and w[1, 1].abs().max() <= 0.1
+
+
+def _partial_output_error(w: torch.Tensor, deq: torch.Tensor, x: torch.Tensor, g: int) -> torch.Tensor:
+    out, inp = w.shape
+    d, xg = (deq - w).view(out, inp // g, g), x.view(-1, inp // g, g)
+    return torch.einsum("ogk,tgk->otg", d, xg).pow(2).mean(1)
+
+
+def test_asymmetric_clip_is_the_best_pair_and_never_worse_than_symmetric():
+    generator = torch.Generator().manual_seed(1)
+    w = torch.randn(64, 128, generator=generator) * 0.02
+    w[:, 3] *= 8
+    w[:, 70] += 0.05  # one-sided outliers: only the top of those groups' range should shrink
+    x = torch.randn(256, 128, generator=generator)
+    low, high = search_clip_asymmetric(w, x, 32)
+    assert low.shape == high.shape == (64, 4)
+    wg = w.view(64, 4, 32)
+
+    def error(lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+        clipped = torch.clamp(wg, lo.unsqueeze(-1), hi.unsqueeze(-1))
+        return _partial_output_error(w, fake_quantize_groups(clipped).view(64, 128), x, 32)
+
+    best = error(low, high)
+    for top in range(SHRINK_STEPS):  # brute force over the same grid, re-running the tokens
+        for bottom in range(SHRINK_STEPS):
+            hi = wg.amax(-1) * (1 - top / N_GRID)
+            lo = torch.minimum(wg.amin(-1) * (1 - bottom / N_GRID), hi)
+            assert (best <= error(lo, hi) * (1 + 1e-4) + 1e-12).all()
+    limit = search_clip(w, x, 32)
+    assert (best <= error(-limit, limit) * (1 + 1e-4) + 1e-12).all()
+    assert (low > wg.amin(-1)).any() and (high < wg.amax(-1)).any() and (low != -high).any()
+
+
+def test_apply_clip_range_clamps_each_group_to_its_own_low_and_high():
+    lin = torch.nn.Linear(64, 1, bias=False)
+    lin.weight.data = torch.linspace(-1, 1, 64).view(1, 64)
+    apply_clip_range(lin, torch.tensor([[-0.5, -2.0]]), torch.tensor([[2.0, 0.25]]), 32)
+    w = lin.weight.view(2, 32)
+    assert float(w[0].min()) == -0.5 and float(w[0].max()) == float(torch.linspace(-1, 1, 64)[31])
+    assert float(w[1].max()) == 0.25 and float(w[1].min()) == float(torch.linspace(-1, 1, 64)[32])

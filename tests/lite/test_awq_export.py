@@ -19,19 +19,31 @@ def _load(path):
     return AutoModelForCausalLM.from_pretrained(path).eval()
 
 
-@pytest.mark.parametrize("model_type,tied,search", [("llama", False, True), ("qwen2", True, False)])
-def test_gemm_directory_reads_back_as_the_fake_quantized_model(tmp_path, model_type, tied, search):
+EXTENSIONS = {"asym_clip": True, "refine_scale": True, "gptq": True, "quantized_inputs": True}
+
+
+@pytest.mark.parametrize(
+    "model_type,tied,search,extra",
+    [("llama", False, True, {}), ("qwen2", True, False, {}), ("llama", False, True, EXTENSIONS)],
+)
+def test_gemm_directory_reads_back_as_the_fake_quantized_model(tmp_path, model_type, tied, search, extra):
     model = _load(build_tiny_model(tmp_path / "src", model_type, tie_word_embeddings=tied))
     ids = torch.randint(0, 49152, (4, 32), generator=torch.Generator().manual_seed(0))
-    quantized = quantize_model(model, ids, AwqConfig(group_size=32, batch_size=2, search_tokens=64,
-                                                           search_scale=search, clip=search))
+    quantized = quantize_model(
+        model, ids, AwqConfig(group_size=32, batch_size=2, search_tokens=64, search_scale=search, clip=search, **extra)
+    )
     out = tmp_path / "awq"
     out.mkdir()
     write_awq_model(model, quantized, smollm2_tokenizer(), out, 32, {"method": "awq"})
 
     config = json.loads((out / "config.json").read_text())
-    assert config["quantization_config"] == {"quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": True,
-                                             "version": "gemm"}
+    assert config["quantization_config"] == {
+        "quant_method": "awq",
+        "bits": 4,
+        "group_size": 32,
+        "zero_point": True,
+        "version": "gemm",
+    }
     tensors = load_file(str(out / WEIGHTS_FILE))
     name = "model.layers.0.self_attn.q_proj"
     assert f"{name}.weight" not in tensors
