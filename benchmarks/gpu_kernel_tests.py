@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lmd.turbomind.kernels.w4a16 import default_plan, m_bucket, prewarm, run_plan, w4a16_linear  # noqa: E402
 from lmd.turbomind.kernels.w4a16_dequant import DequantConfig  # noqa: E402
 from lmd.turbomind.kernels.w4a16_gemm import GemmConfig  # noqa: E402
+from lmd.turbomind.kernels.w4a16_gemm_wt import WtGemmConfig  # noqa: E402
 from lmd.turbomind.kernels.w4a16_gemv import GemvConfig  # noqa: E402
 from lmd.turbomind.kernels.w4a16_layout import quantize_to_engine, w4a16_matmul_reference  # noqa: E402
 
@@ -42,6 +43,18 @@ def paths_for(m: int) -> list:
         plans.append(GemmConfig(block_m=max(16, min(bucket, 64)), block_n=128, block_k=128, split_k=8,
                                 nibble_dots=True))
     plans.append(GemmConfig(block_m=64, block_n=64, block_k=128, split_k=1, num_warps=4))
+    if m <= 64:
+        plans.append(WtGemmConfig(block_n=64, block_m=16, block_k=128, split_k=8))
+        plans.append(WtGemmConfig(block_n=128, block_m=max(16, min(bucket, 64)), block_k=64, split_k=4,
+                                  decode="interleave"))
+        plans.append(WtGemmConfig(block_n=64, block_m=max(16, min(bucket, 64)), block_k=128, split_k=8, num_stages=3,
+                                  decode="asm"))
+        plans.append(WtGemmConfig(block_n=64, block_m=16, block_k=256, split_k=4, decode="asm"))  # BLOCK_K > group 128
+    else:
+        plans.append(WtGemmConfig(block_n=128, block_m=128, block_k=64, num_warps=8, num_stages=3))
+        plans.append(WtGemmConfig(block_n=128, block_m=128, block_k=64, num_warps=8, num_stages=3,
+                                  decode="interleave"))
+        plans.append(WtGemmConfig(block_n=64, block_m=128, block_k=64, num_warps=4, num_stages=3, decode="asm"))
     if m >= 16:
         plans.append(DequantConfig())
     return plans

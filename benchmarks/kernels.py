@@ -80,7 +80,7 @@ def programs(plan, m: int, n: int, k: int) -> int:
     name = type(plan).__name__
     if name == "GemvConfig":
         return -(-n // plan.block_n) * plan.split_k
-    if name == "GemmConfig":
+    if name in ("GemmConfig", "WtGemmConfig"):
         return -(-m // plan.block_m) * -(-n // plan.block_n) * plan.split_k
     return -(-k // (8 * plan.block_k8)) * -(-n // plan.block_n)  # the dequant kernel (cuBLAS not counted)
 
@@ -127,8 +127,11 @@ def bench_shape(n: int, k: int, ms: list[int], group: int, log: list) -> list[di
               f"x{row['vs_fp16']:.2f} vs fp16, x{row['vs_tinygemm']:.2f} vs tiny, {row['w4a16_tb_s']:.2f} TB/s "
               f"{row['programs']} CTAs "
               f"[{chosen.name()}]", flush=True)
-        top = sorted(timings, key=lambda t: t[1])[:3]
-        print("    tuned: " + ", ".join(f"{name} {t * 1000:.1f}us" for name, t in top), flush=True)
+        best_per_family: dict[str, tuple[str, float]] = {}
+        for name, t in sorted(timings, key=lambda t: t[1]):
+            best_per_family.setdefault(name.split(" ")[0], (name, t))
+        print("    best per kernel: " + ", ".join(f"{name} {t * 1000:.1f}us" for name, t in best_per_family.values()),
+              flush=True)
     return rows
 
 

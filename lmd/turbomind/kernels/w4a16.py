@@ -5,6 +5,8 @@ On CUDA tensors with Triton present (or under TRITON_INTERPRET=1) the token coun
     M <= 4      -> split-K GEMV on CUDA cores          (w4a16_gemv)
     M <= 128    -> split-K tensor-core GEMM            (w4a16_gemm, SPLIT_K > 1; plain or nibble-dot)
     M >= 32     -> tiled tensor-core GEMM              (w4a16_gemm, SPLIT_K = 1)
+    any M       -> transposed GEMM, weights as the MMA's register operand, split-K or tiled, PTX decode on CUDA
+                                                       (w4a16_gemm_wt; the usual winner from M = 2 to 128)
     M >= 128    -> Triton dequant, then cuBLAS         (w4a16_dequant)
 and the measured fastest wins (H200 figures: docs/benchmarks.md). fp16/bf16 activations; other dtypes, CPU tensors
 and machines without Triton take the PyTorch reference. On a GPU the plan of each (bucket, N, K, group, dtype) is
@@ -25,12 +27,13 @@ from lmd.turbomind.kernels.w4a16_layout import w4a16_matmul_reference
 try:
     from lmd.turbomind.kernels.w4a16_dequant import DequantConfig, dequant_matmul
     from lmd.turbomind.kernels.w4a16_gemm import GemmConfig, gemm
+    from lmd.turbomind.kernels.w4a16_gemm_wt import WtGemmConfig, gemm_wt
     from lmd.turbomind.kernels.w4a16_gemv import GemvConfig, gemv
     HAS_TRITON = True
 except ImportError:  # the engine still runs, on the reference path
     HAS_TRITON = False
 
-Plan = Union["GemvConfig", "GemmConfig", "DequantConfig"]
+Plan = Union["GemvConfig", "GemmConfig", "WtGemmConfig", "DequantConfig"]
 MAX_BUCKET = 4096
 
 
@@ -67,6 +70,8 @@ def run_plan(plan: Plan, x2d: torch.Tensor, qweight: torch.Tensor, scales: torch
         return gemv(x2d, qweight, scales, zeros, bias, plan)
     if isinstance(plan, GemmConfig):
         return gemm(x2d, qweight, scales, zeros, bias, plan)
+    if isinstance(plan, WtGemmConfig):
+        return gemm_wt(x2d, qweight, scales, zeros, bias, plan)
     return dequant_matmul(x2d, qweight, scales, zeros, bias, plan)
 
 
@@ -92,6 +97,13 @@ def _splitk(bucket: int, n: int, k: int, sms: int, bn: int, bk: int, warps: int 
     bm = max(16, min(bucket, 64))
     tiles = -(-bucket // bm) * -(-n // bn)
     return GemmConfig(bm, bn, bk, _split_for(tiles, k // bk, sms, per_sm, 2, 16), 8, warps, 1, nibble_dots)
+
+
+def _wt(bucket: int, n: int, k: int, sms: int, bn: int, bk: int, warps: int = 4, per_sm: int = 2, stages: int = 1,
+        decode: str = "load", bm: int = 0) -> WtGemmConfig:
+    bm = bm or max(16, min(bucket, 128))
+    tiles = -(-bucket // bm) * -(-n // bn)
+    return WtGemmConfig(bn, bm, bk, _split_for(tiles, k // bk, sms, per_sm, 2, 16), warps, stages, decode)
 
 
 def default_plan(bucket: int, n: int, k: int, group: int, device: torch.device) -> Plan:
@@ -145,6 +157,25 @@ def candidates(bucket: int, n: int, k: int, group: int, device: torch.device) ->
                                           (128, 128, 64, 8, 3), (64, 64, 128, 4, 2)):
             if bm <= max(bucket, 64):
                 out.append(GemmConfig(bm, bn, bk, 1, 8, warps, stages))
+    decodes = ("interleave", "asm")
+    if bucket <= 64:
+        for bn, bk, warps in ((64, 64, 4), (64, 128, 4), (128, 64, 4), (128, 128, 4), (64, 256, 4), (128, 256, 8),
+                              (32, 128, 4), (128, 128, 8)):
+            out.append(_wt(bucket, n, k, sms, bn, bk, warps, 2, 1, "load"))
+            for decode in decodes:
+                out.append(_wt(bucket, n, k, sms, bn, bk, warps, 2, 1, decode))
+                for per_sm in (1, 2, 4):
+                    for stages in (2, 3, 4):
+                        out.append(_wt(bucket, n, k, sms, bn, bk, warps, per_sm, stages, decode))
+    if bucket >= 32:
+        for bn, bm, bk, warps, stages in ((128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (64, 128, 64, 4, 3),
+                                          (64, 128, 64, 4, 4), (64, 128, 32, 4, 4), (64, 256, 64, 8, 3),
+                                          (128, 128, 32, 4, 4), (64, 64, 64, 4, 3), (64, 64, 64, 4, 4),
+                                          (128, 64, 64, 4, 4), (64, 128, 128, 4, 3), (128, 128, 64, 8, 4)):
+            if bm <= max(bucket, 64):
+                for decode in decodes:
+                    out.append(_wt(bucket, n, k, sms, bn, bk, warps, 1, stages, decode, bm))
+        out.append(_wt(bucket, n, k, sms, 64, 128, 4, 1, 3, "load", min(128, max(bucket, 64))))
     if bucket >= 128:
         out.append(DequantConfig())
         out.append(DequantConfig(block_k8=8, block_n=256, num_warps=8))

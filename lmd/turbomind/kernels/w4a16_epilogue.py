@@ -70,3 +70,15 @@ class SplitKWorkspace:
             cnt = torch.zeros(MAX_TILES, dtype=torch.int32, device=device) if cnt is None else cnt
             cls._buffers[key] = (ws, cnt)
         return ws, cnt
+
+
+def tile_launch_buffers(x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, block_m: int, block_n: int,
+                        split_k: int) -> tuple[int, int, int, int, int, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What a tiled W4A16 launch needs: (M, N, K, group, tiles, out, workspace, counters); without split-K the
+    workspace and counters are unused (out stands in for them)."""
+    m, k = x2d.shape
+    n = qweight.shape[1]
+    out = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
+    tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
+    ws, cnt = SplitKWorkspace.get(x2d.device, m * n, tiles) if split_k > 1 else (out, out)
+    return m, n, k, k // scales.shape[0], tiles, out, ws, cnt

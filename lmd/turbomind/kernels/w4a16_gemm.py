@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lmd.turbomind.kernels.w4a16_epilogue import SplitKWorkspace, store_tile
+from lmd.turbomind.kernels.w4a16_epilogue import store_tile, tile_launch_buffers
 
 
 @dataclass(frozen=True)
@@ -135,12 +135,8 @@ def _gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr
 def gemm(x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
          bias: torch.Tensor | None, cfg: GemmConfig) -> torch.Tensor:
     """x2d [M, K] contiguous -> [M, N] in x's dtype."""
-    m, k = x2d.shape
-    n = qweight.shape[1]
-    group = k // scales.shape[0]
-    out = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
-    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
-    ws, cnt = SplitKWorkspace.get(x2d.device, m * n, tiles) if cfg.split_k > 1 else (out, out)
+    m, n, k, group, tiles, out, ws, cnt = tile_launch_buffers(x2d, qweight, scales, cfg.block_m, cfg.block_n,
+                                                              cfg.split_k)
     _gemm_kernel[(tiles, cfg.split_k)](
         x2d, qweight, scales, zeros, bias if bias is not None else out, out, ws, cnt, m, n, k,
         GROUP=group, HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,

@@ -23,6 +23,7 @@ from lmd.turbomind.kernels.w4a16 import default_plan, m_bucket, run_plan, w4a16_
 from lmd.turbomind.kernels.w4a16_dequant import DequantConfig, dequantize_triton  # noqa: E402
 from lmd.turbomind.kernels.w4a16_epilogue import SplitKWorkspace  # noqa: E402
 from lmd.turbomind.kernels.w4a16_gemm import GemmConfig  # noqa: E402
+from lmd.turbomind.kernels.w4a16_gemm_wt import WtGemmConfig  # noqa: E402
 from lmd.turbomind.kernels.w4a16_gemv import GemvConfig  # noqa: E402
 from lmd.turbomind.kernels.w4a16_layout import dequantize, quantize_to_engine, w4a16_matmul_reference  # noqa: E402
 
@@ -50,6 +51,11 @@ def _cases() -> list[Case]:
                         256, g, m == 16))
     for m, g in ((64, 64), (128, 128), (256, 64)):
         out.append(Case(f"gemm-tiled-m{m}-g{g}", GemmConfig(64, 64, 64, 1, group_m=2), m, 128, 256, g, m == 128))
+    for m, bn, bm, bk, g, split, decode in ((1, 64, 16, 64, 64, 2, "load"), (3, 32, 16, 128, 128, 1, "interleave"),
+                                            (16, 64, 16, 32, 32, 3, "interleave"), (40, 32, 32, 64, 64, 1, "load"),
+                                            (2, 32, 16, 64, 64, 2, "asm"), (20, 64, 32, 256, 128, 1, "asm")):
+        out.append(Case(f"wt-{decode}-m{m}-g{g}", WtGemmConfig(bn, bm, bk, split, decode=decode), m, 96, 256, g,
+                        m == 3))
     for m, g in ((33, 64), (256, 128)):
         out.append(Case(f"dequant-cublas-m{m}-g{g}", DequantConfig(8, 64), m, 128, 256, g, m == 33))
     for m in (1, 2, 3, 7, 16, 33, 64, 128, 256):
