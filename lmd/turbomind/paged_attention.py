@@ -1,10 +1,11 @@
 """Attention of a flat token batch over the paged KV cache.
 
-`paged_attention` is the dispatch point. `paged_attention_reference` (gather each sequence's K/V from its blocks, then
-SDPA with a causal offset) is the default everywhere and the oracle of the kernel. The Triton kernels
-(`kernels/paged_attention.py`, reading K/V straight from the blocks) run only when LMD_ATTENTION=triton, on CUDA
-tensors (or on CPU under TRITON_INTERPRET=1, as the tests do), for shapes they support; until they are checked on a
-GPU (benchmarks/gpu_attention_tests.py) they stay opt-in.
+`paged_attention` is the dispatch point. `paged_attention_reference` (gather each sequence's K/V from its blocks,
+then SDPA with a causal offset) is the CPU path and the oracle of the kernels. The Triton kernels
+(`kernels/paged_attention.py`, reading K/V straight from the blocks) run on CUDA tensors by default (LMD_ATTENTION
+unset or `auto`), for the shapes they support; LMD_ATTENTION=reference forces the reference, LMD_ATTENTION=triton
+also runs them on CPU tensors under TRITON_INTERPRET=1 (the tests). Checked on an H200 by
+benchmarks/gpu_attention_tests.py and benchmarks/gpu_engine_check.py (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -27,18 +28,19 @@ def paged_attention(
     """q [T, Hq, D] (new tokens, already rotated; their K/V already written) -> out [T, Hq, D].
     `fused` (config.ini use_context_fmha) picks SDPA / the Triton kernel; False runs the explicit softmax path.
     A shape or device the kernel does not take (e.g. head dim 80, CPU without the interpreter) runs the reference."""
-    if fused and _triton_requested():
+    if fused and _triton_requested(q):
         kernel = _triton_kernel()
         if kernel is not None and kernel[1](q, cache) is None:
             return kernel[0](q, cache, layer, batch, scale)
     return paged_attention_reference(q, cache, layer, batch, scale, fused)
 
 
-def _triton_requested() -> bool:
-    choice = os.environ.get("LMD_ATTENTION") or "reference"
-    if choice not in ("reference", "triton"):
-        raise LmdError(f"LMD_ATTENTION={choice!r}: use 'reference' (the default) or 'triton'")
-    return choice == "triton"
+def _triton_requested(q: torch.Tensor) -> bool:
+    choice = os.environ.get("LMD_ATTENTION") or "auto"
+    if choice not in ("auto", "reference", "triton"):
+        raise LmdError(f"LMD_ATTENTION={choice!r}: use 'auto' (the default: Triton kernels on CUDA), 'reference' or "
+                       "'triton'")
+    return choice == "triton" or (choice == "auto" and q.is_cuda)
 
 
 @functools.cache

@@ -243,3 +243,18 @@ def test_unknown_attention_choice_is_refused(monkeypatch) -> None:
     monkeypatch.setenv("LMD_ATTENTION", "flash")
     with pytest.raises(LmdError, match="LMD_ATTENTION='flash'"):
         paged_attention(torch.zeros(1, 1, 16), None, 0, None, 1.0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("choice", "cuda", "want"), [(None, True, True), (None, False, False), ("auto", True, True),
+                                                      ("reference", True, False), ("triton", False, True)])
+def test_attention_choice_defaults_to_triton_on_cuda_only(monkeypatch, choice, cuda, want) -> None:
+    from lmd.turbomind import paged_attention as pa
+
+    class FakeQ:  # only the device matters to the choice
+        is_cuda = cuda
+
+    if choice is None:
+        monkeypatch.delenv("LMD_ATTENTION", raising=False)
+    else:
+        monkeypatch.setenv("LMD_ATTENTION", choice)
+    assert pa._triton_requested(FakeQ()) is want  # type: ignore[arg-type]
