@@ -2,9 +2,11 @@
 
 Why transposed: on Hopper the A operand of a warpgroup MMA may come straight from registers while B must sit in shared
 memory. In `w4a16_gemm` the weights are B (y = x @ W.T), so every dequantized tile makes a round trip through shared
-memory before the MMA reads it. Here the weights are A: a tile [BLOCK_N, BLOCK_K] is dequantized in registers and fed
-to the MMA as it is, and only the activations x.T [BLOCK_K, BLOCK_M] (small, loaded, never computed) go through shared
-memory. The token count is the MMA's N side, so a decode batch of 1..16 tokens pads to 16 columns, not to 64 rows.
+memory before the MMA reads it. Here the weights are A: the MMA takes the dequantized tile [BLOCK_N, BLOCK_K] from
+registers, and only the activations x.T [BLOCK_K, BLOCK_M] (small, loaded, never computed) must sit in shared memory.
+(Triton still moves the decoded tile through shared memory when its register layout differs from the MMA fragment's,
+which it does: a thread decodes 8 consecutive k, a fragment holds k pairs 2t, 2t + 1, 2t + 8, 2t + 9.) The token count
+is the MMA's N side, so a decode batch of 1..16 tokens pads to 16 columns, not to 64 rows.
 
 Decoding (`decode`):
   "load"        reads each packed int32 once per unpacked row, q[k // 8, n] (8 loads of the same word, served from
@@ -12,7 +14,7 @@ Decoding (`decode`):
   "interleave"  loads the packed tile [BLOCK_N, BLOCK_K // 8] once and expands it in registers with three interleaves
                 (shifts 16, 8, 4: index 8r + 4a + 2b + c holds the nibble at shift 16a + 8b + 4c = 4 (4a + 2b + c),
                 i.e. nibble i of row r at k = 8r + i, the engine layout's order).
-  "asm"         (CUDA only) one PTX block per packed word does the decode two weights at a time, in f16x2/bf16x2:
+  "asm"         one PTX block per packed word does the decode two weights at a time, in f16x2/bf16x2:
                 lop3 (q >> 4j) & 0x000F000F | magic puts nibbles j and j + 4 in the mantissas of the two halves
                 (1024 + c for fp16, 128 + c for bf16), one packed sub removes the magic, one packed FMA applies scale
                 and zero: 15 instructions per 8 weights instead of about 56. The eight outputs are joined back into
