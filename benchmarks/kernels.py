@@ -136,6 +136,7 @@ def bench_shape(n: int, k: int, ms: list[int], group: int, log: list) -> list[di
 
 
 def main() -> None:
+    os.environ.setdefault("LMD_W4A16_PLAN_CACHE", "0")  # always tune here: the tuning log is part of the results
     parser = argparse.ArgumentParser()
     parser.add_argument("--shapes", default=SHAPES, help="comma list of NxK (N out, K in)")
     parser.add_argument("--ms", default=MS, help="comma list of token counts M")

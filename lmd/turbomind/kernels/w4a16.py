@@ -12,16 +12,19 @@ and the measured fastest wins (H200 figures: docs/benchmarks.md). fp16/bf16 acti
 and machines without Triton take the PyTorch reference. On a GPU the plan of each (bucket, N, K, group, dtype) is
 autotuned once by timing the candidates and cached; `prewarm` does this for every bucket up to max_m, compiles the
 kernels and grows the split-K workspace, so that a CUDA graph capture afterwards never tunes, compiles or allocates.
+Tuned plans are also kept on disk per GPU (`w4a16_plan_cache`), so the next process skips the tuning.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Union
 
 import torch
 
+from lmd.turbomind.kernels import w4a16_plan_cache as plan_cache
 from lmd.turbomind.kernels.w4a16_layout import w4a16_matmul_reference
 
 try:
@@ -29,6 +32,8 @@ try:
     from lmd.turbomind.kernels.w4a16_gemm import GemmConfig, gemm
     from lmd.turbomind.kernels.w4a16_gemm_wt import WtGemmConfig, gemm_wt
     from lmd.turbomind.kernels.w4a16_gemv import GemvConfig, gemv
+
+    PLAN_KINDS: dict[str, type] = {t.__name__: t for t in (GemvConfig, GemmConfig, WtGemmConfig, DequantConfig)}
     HAS_TRITON = True
 except ImportError:  # the engine still runs, on the reference path
     HAS_TRITON = False
@@ -244,16 +249,31 @@ def plan_key(m: int, qweight: torch.Tensor, scales: torch.Tensor, dtype: torch.d
 
 def plan_for(m: int, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, dtype: torch.dtype) -> Plan:
     key = plan_key(m, qweight, scales, dtype)
-    n, k = key.n, key.k
     plan = _PLANS.get(key)
     if plan is None:
         device = qweight.device
-        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-        if device.type == "cuda" and not capturing and os.environ.get("LMD_W4A16_AUTOTUNE", "1") != "0":
-            plan, TUNE_LOG[key] = tune(key.bucket, qweight, scales, zeros, dtype)
-        else:
-            plan = default_plan(key.bucket, n, k, key.group, device)
+        gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+        can_tune = (gpu is not None and not torch.cuda.is_current_stream_capturing()
+                    and os.environ.get("LMD_W4A16_AUTOTUNE", "1") != "0")
+        plan = resolve_plan(key, device, gpu, can_tune, lambda: tune(key.bucket, qweight, scales, zeros, dtype))
         _PLANS[key] = plan
+    return plan
+
+
+def resolve_plan(key: PlanKey, device: torch.device, gpu: str | None, can_tune: bool,
+                 tune_fn: Callable[[], tuple[Plan, list[tuple[str, float]]]]) -> Plan:
+    """A GPU's plan from the on-disk cache, else from tuning (then cached), else the untuned default."""
+    disk_key = None
+    if gpu is not None and plan_cache.enabled():
+        disk_key = plan_cache.cache_key(gpu, key.bucket, key.n, key.k, key.group, str(key.dtype).removeprefix("torch."))
+        cached = plan_cache.plan_from_json(plan_cache.load().get(disk_key, {}), PLAN_KINDS)
+        if cached is not None:
+            return cached
+    if not can_tune:
+        return default_plan(key.bucket, key.n, key.k, key.group, device)
+    plan, TUNE_LOG[key] = tune_fn()
+    if disk_key is not None:
+        plan_cache.store(disk_key, plan)
     return plan
 
 
