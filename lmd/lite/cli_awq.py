@@ -53,7 +53,7 @@ def awq_command(
         False,
         "--asym-clip",
         help="Beyond AWQ: the clip search shrinks the top and the bottom of each group's "
-        "range separately (10 x 10 candidates) instead of one symmetric limit.",
+        "range separately (10 x 10 low/high pairs plus the symmetric limits) instead of one symmetric limit.",
     ),
     refine_scale: bool = typer.Option(
         False,
