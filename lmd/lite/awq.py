@@ -35,7 +35,7 @@ from lmd.lite.awq_inputs import BlockInputs, collect_block_inputs
 from lmd.lite.awq_round import Rounding, round_linear
 from lmd.lite.awq_search import HeadTying, ScaleGroup, ScaleResult, fold_scales, search_scale
 from lmd.lite.layerwise import capture_layer0_inputs, layer_on, run_layer
-from lmd.lite.quantizer import QuantizedWeight, fitting_group_sizes, quantize_weight
+from lmd.lite.quantizer import QuantizedWeight, fitting_group_sizes
 
 GROUP_SIZES = (128, 64, 32)
 DUO_MODES = {"on": (True,), "off": (False,), "auto": (False, True)}
@@ -203,11 +203,9 @@ def _quantize_layer(
     site_of = _site_of(arch)
     for path in arch.linears:
         linear = get_module(layer, path)
-        if targets is None or block is None:
-            q = quantize_weight(linear.weight.detach(), group_size)
-        else:
-            hessian = block.sites[site_of[path]].hessian if rounding.needs_hessian else None
-            q = round_linear(targets[path], linear.weight.detach(), group_size, rounding, hessian)
+        weight = linear.weight.detach()
+        hessian = block.sites[site_of[path]].hessian if block is not None and rounding.needs_hessian else None
+        q = round_linear(targets[path] if targets else weight, weight, group_size, rounding, hessian)
         linear.weight.data = q.dequantize(linear.weight.dtype)
         quantized[f"{arch.layers}.{index}.{path}"] = _to_host(q)
     return quantized

@@ -30,17 +30,49 @@ def search_clip(weight: torch.Tensor, x: torch.Tensor, group_size: int) -> torch
     group's [g, g] Gram matrix: exact, and far cheaper than re-running the tokens for every candidate.
     """
     w, gram = _by_group(weight, x, group_size)
-    absmax = w.abs().amax(dim=-1, keepdim=True)  # [G, out, 1]
-    min_err = torch.full(absmax.shape[:2], float("inf"), device=w.device)
-    chosen = absmax.squeeze(-1).clone()
-    for step in range(SHRINK_STEPS):
-        limit = absmax * (1 - step / N_GRID)
-        delta = fake_quantize_groups(torch.clamp(w, -limit, limit)) - w
-        err = (torch.bmm(delta, gram) * delta).sum(dim=-1)  # [G, out]
+    _, high = _best_range(w, gram, _symmetric(w))
+    return high.transpose(0, 1).contiguous()
+
+
+@torch.no_grad()
+def search_clip_asymmetric(weight: torch.Tensor, x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [out, in], x [tokens, in] -> the best (low, high) limits per (row, group), each [out, G]."""
+    w, gram = _by_group(weight, x, group_size)
+    wmax, wmin = w.amax(dim=-1, keepdim=True), w.amin(dim=-1, keepdim=True)  # [G, out, 1]
+    pairs = [
+        (torch.minimum(wmin * (1 - bottom / N_GRID), wmax * (1 - top / N_GRID)), wmax * (1 - top / N_GRID))
+        for top in range(SHRINK_STEPS)
+        for bottom in range(SHRINK_STEPS)
+    ]
+    low, high = _best_range(w, gram, _symmetric(w) + pairs)
+    return low.transpose(0, 1).contiguous(), high.transpose(0, 1).contiguous()
+
+
+def group_error(delta: torch.Tensor, gram: torch.Tensor) -> torch.Tensor:
+    """delta [G, out, g] (quantized - float weights), gram [G, g, g] -> d^T H d per (group, row) [G, out]."""
+    return (torch.bmm(delta, gram) * delta).sum(dim=-1)
+
+
+def _symmetric(w: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """AWQ's candidates: [-m, m] with m = absmax · (1 - i/20), i = 0..9, each [G, out, 1]."""
+    absmax = w.abs().amax(dim=-1, keepdim=True)
+    return [(-absmax * (1 - i / N_GRID), absmax * (1 - i / N_GRID)) for i in range(SHRINK_STEPS)]
+
+
+def _best_range(w: torch.Tensor, gram: torch.Tensor, candidates: list[tuple[torch.Tensor, torch.Tensor]]
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (low, high) [G, out] of the candidate with the lowest error per (group, row); the first wins ties."""
+    min_err = best_lo = best_hi = None
+    for lo, hi in candidates:
+        err = group_error(fake_quantize_groups(torch.clamp(w, lo, hi)) - w, gram)
+        lo, hi = lo.squeeze(-1), hi.squeeze(-1)
+        if min_err is None:
+            min_err, best_lo, best_hi = err, lo, hi
+            continue
         better = err < min_err
         min_err = torch.where(better, err, min_err)
-        chosen = torch.where(better, limit.squeeze(-1), chosen)
-    return chosen.transpose(0, 1).contiguous()
+        best_lo, best_hi = torch.where(better, lo, best_lo), torch.where(better, hi, best_hi)
+    return best_lo, best_hi
 
 
 def _by_group(weight: torch.Tensor, x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,30 +82,6 @@ def _by_group(weight: torch.Tensor, x: torch.Tensor, group_size: int) -> tuple[t
     xg = x.to(torch.float32).reshape(-1, groups, group_size).transpose(0, 1)  # [G, T, g]
     gram = torch.bmm(xg.transpose(1, 2), xg) / xg.shape[1]
     return weight.to(torch.float32).reshape(out, groups, group_size).transpose(0, 1), gram
-
-
-@torch.no_grad()
-def search_clip_asymmetric(weight: torch.Tensor, x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """weight [out, in], x [tokens, in] -> the best (low, high) limits per (row, group), each [out, G]."""
-    w, gram = _by_group(weight, x, group_size)
-    wmax, wmin = w.amax(dim=-1, keepdim=True), w.amin(dim=-1, keepdim=True)  # [G, out, 1]
-    min_err = torch.full(wmax.shape[:2], float("inf"), device=w.device)
-    best_lo, best_hi = wmin.squeeze(-1).clone(), wmax.squeeze(-1).clone()
-    absmax = w.abs().amax(dim=-1, keepdim=True)
-    symmetric = [(-absmax * (1 - i / N_GRID), absmax * (1 - i / N_GRID)) for i in range(SHRINK_STEPS)]
-    pairs = [
-        (torch.minimum(wmin * (1 - bottom / N_GRID), wmax * (1 - top / N_GRID)), wmax * (1 - top / N_GRID))
-        for top in range(SHRINK_STEPS)
-        for bottom in range(SHRINK_STEPS)
-    ]
-    for lo, hi in symmetric + pairs:
-        delta = fake_quantize_groups(torch.clamp(w, lo, hi)) - w
-        err = (torch.bmm(delta, gram) * delta).sum(dim=-1)
-        better = err < min_err
-        min_err = torch.where(better, err, min_err)
-        best_lo = torch.where(better, lo.squeeze(-1), best_lo)
-        best_hi = torch.where(better, hi.squeeze(-1), best_hi)
-    return best_lo.transpose(0, 1).contiguous(), best_hi.transpose(0, 1).contiguous()
 
 
 @torch.no_grad()

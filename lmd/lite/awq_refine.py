@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from lmd.lite.awq_clip import group_error
 from lmd.lite.quantizer import MAX_CODE, SCALE_DTYPE, QuantizedWeight
 
 REFINE_ITERS = 4
@@ -29,12 +30,6 @@ def group_grams(hessian: torch.Tensor, group_size: int) -> torch.Tensor:
     return torch.diagonal(blocks, dim1=0, dim2=2).permute(2, 0, 1).contiguous()
 
 
-def _errors(w: torch.Tensor, deq: torch.Tensor, gram: torch.Tensor) -> torch.Tensor:
-    """w, deq [G, out, g], gram [G, g, g] -> d^T H d per (group, row) [G, out]."""
-    d = deq - w
-    return (torch.bmm(d, gram) * d).sum(dim=-1)
-
-
 def _codes(w: torch.Tensor, s: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     return torch.clamp(torch.round(w / s) + z, 0, MAX_CODE)
 
@@ -45,7 +40,7 @@ def _best_zero(w: torch.Tensor, s: torch.Tensor, gram: torch.Tensor) -> tuple[to
     best_z = torch.zeros_like(s)
     for zero in range(MAX_CODE + 1):
         z = torch.full_like(s, float(zero))
-        err = _errors(w, (_codes(w, s, z) - z) * s, gram)
+        err = group_error((_codes(w, s, z) - z) * s - w, gram)
         better = (err < best_err).unsqueeze(-1)
         best_err = torch.where(better.squeeze(-1), err, best_err)
         best_z = torch.where(better, z, best_z)
@@ -70,7 +65,7 @@ def refine_grid(
     gram = gram.to(torch.float32).to(w.device)
     s, z = by_group(start.scales), by_group(start.zeros)
     best_s, best_z, best_codes = s, z, by_group(start.codes)
-    best_err = _errors(w, (best_codes - z) * s, gram)
+    best_err = group_error((best_codes - z) * s - w, gram)
     for _ in range(iters):
         c = _codes(w, s, z) - z
         hc = torch.bmm(c, gram)
