@@ -19,6 +19,14 @@ MAX_TILES = 1 << 16  # counters per device; one per (M tile, N tile) of a split-
 
 
 @triton.jit
+def split_k_steps(pid_k, steps, SPLIT_K: tl.constexpr):
+    """The K steps [first, last) of split pid_k when SPLIT_K programs share `steps` (the last may get fewer)."""
+    per_split = tl.cdiv(steps, SPLIT_K)
+    first = pid_k * per_split
+    return first, tl.minimum(first + per_split, steps)
+
+
+@triton.jit
 def cast_bias_store(acc, offs_m, offs_n, M, N, out_ptr, bias_ptr, HAS_BIAS: tl.constexpr):
     """acc fp32 [BM, BN] (+ bias[n]) -> out[m, n] in out's dtype."""
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)

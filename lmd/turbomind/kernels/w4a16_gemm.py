@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lmd.turbomind.kernels.w4a16_epilogue import store_tile, tile_launch_buffers
+from lmd.turbomind.kernels.w4a16_epilogue import split_k_steps, store_tile, tile_launch_buffers
 
 
 @dataclass(frozen=True)
@@ -99,9 +99,7 @@ def _gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr
     n_mask = offs_n < N
     shift = ((offs_k % 8) * 4)[:, None]
     steps = tl.cdiv(K, BLOCK_K)
-    per_split = tl.cdiv(steps, SPLIT_K)
-    first = pid_k * per_split
-    last = tl.minimum(first + per_split, steps)
+    first, last = split_k_steps(pid_k, steps, SPLIT_K)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if NIBBLE_DOTS:  # packed rows double-buffered in registers: the next tile loads during this one's dots
         row_end = tl.minimum(last * (BLOCK_K // 8), K // 8)

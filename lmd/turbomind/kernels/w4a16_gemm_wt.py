@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lmd.turbomind.kernels.w4a16_epilogue import store_tile, tile_launch_buffers
+from lmd.turbomind.kernels.w4a16_epilogue import split_k_steps, store_tile, tile_launch_buffers
 from lmd.turbomind.kernels.w4a16_gemm import nibble_as_act
 
 
@@ -168,9 +168,7 @@ def _wt_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, 
     m_mask = offs_m < M
     dtype = x_ptr.dtype.element_ty
     steps = tl.cdiv(K, BLOCK_K)
-    per_split = tl.cdiv(steps, SPLIT_K)
-    first = pid_k * per_split
-    last = tl.minimum(first + per_split, steps)
+    first, last = split_k_steps(pid_k, steps, SPLIT_K)
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     for step in range(first, last):
         ks = step * BLOCK_K + offs_k

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lmd.turbomind.kernels.w4a16_epilogue import SplitKWorkspace, store_tile
+from lmd.turbomind.kernels.w4a16_epilogue import SplitKWorkspace, split_k_steps, store_tile
 
 
 @dataclass(frozen=True)
@@ -80,9 +80,7 @@ def _gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr
     n_mask = offs_n < N
     k8 = K // 8
     steps = tl.cdiv(k8, BLOCK_K8)
-    per_split = tl.cdiv(steps, SPLIT_K)
-    first = pid_k * per_split
-    last = tl.minimum(first + per_split, steps)
+    first, last = split_k_steps(pid_k, steps, SPLIT_K)
     acc0 = tl.zeros([BLOCK_K8, BLOCK_N], dtype=tl.float32)
     acc1 = tl.zeros([BLOCK_K8, BLOCK_N], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_K8, BLOCK_N], dtype=tl.float32)
