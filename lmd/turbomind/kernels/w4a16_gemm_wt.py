@@ -10,14 +10,14 @@ is the MMA's N side, so a decode batch of 1..16 tokens pads to 16 columns, not t
 
 Decoding (`decode`):
   "load"        reads each packed int32 once per unpacked row, q[k // 8, n] (8 loads of the same word, served from
-                L1) and shifts out nibble k % 8; about seven scalar instructions per weight.
+                L1) and shifts out nibble k % 8; 7 scalar TTGIR ops per weight (and, or, trunc, bitcast, sub, mul, add).
   "interleave"  loads the packed tile [BLOCK_N, BLOCK_K // 8] once and expands it in registers with three interleaves
                 (shifts 16, 8, 4: index 8r + 4a + 2b + c holds the nibble at shift 16a + 8b + 4c = 4 (4a + 2b + c),
                 i.e. nibble i of row r at k = 8r + i, the engine layout's order).
   "asm"         one PTX block per packed word does the decode two weights at a time, in f16x2/bf16x2:
                 lop3 (q >> 4j) & 0x000F000F | magic puts nibbles j and j + 4 in the mantissas of the two halves
                 (1024 + c for fp16, 128 + c for bf16), one packed sub removes the magic, one packed FMA applies scale
-                and zero: 15 instructions per 8 weights instead of about 56. The eight outputs are joined back into
+                and zero: 18 PTX instructions per 8 weights (plus register moves). The eight outputs are joined back into
                 k order. The interpreter cannot run PTX: there (CPU tensors) a plain-Triton twin computes the same
                 eight outputs and the rest of the kernel is the same, so CI checks everything but the PTX block,
                 which benchmarks/gpu_kernel_tests.py checks on the GPU.
