@@ -50,11 +50,16 @@ def paths_for(m: int) -> list:
         plans.append(WtGemmConfig(block_n=64, block_m=max(16, min(bucket, 64)), block_k=128, split_k=8, num_stages=3,
                                   decode="asm"))
         plans.append(WtGemmConfig(block_n=64, block_m=16, block_k=256, split_k=4, decode="asm"))  # BLOCK_K > group 128
+        plans.append(WtGemmConfig(block_n=64, block_m=max(16, min(bucket, 64)), block_k=128, split_k=8, num_stages=3,
+                                  decode="frag"))
+        plans.append(WtGemmConfig(block_n=128, block_m=16, block_k=256, split_k=4, num_warps=8, decode="frag"))
+        plans.append(WtGemmConfig(block_n=32, block_m=16, block_k=64, split_k=4, num_stages=2, decode="frag"))
     else:
         plans.append(WtGemmConfig(block_n=128, block_m=128, block_k=64, num_warps=8, num_stages=3))
         plans.append(WtGemmConfig(block_n=128, block_m=128, block_k=64, num_warps=8, num_stages=3,
                                   decode="interleave"))
         plans.append(WtGemmConfig(block_n=64, block_m=128, block_k=64, num_warps=4, num_stages=3, decode="asm"))
+        plans.append(WtGemmConfig(block_n=128, block_m=128, block_k=64, num_warps=8, num_stages=3, decode="frag"))
     if m >= 16:
         plans.append(DequantConfig())
     return plans

@@ -2,6 +2,7 @@
 
     ncu --clock-control none --kernel-name regex:_gem --launch-skip 3 --launch-count 1 --section SpeedOfLight \
         python3 benchmarks/kernel_profile.py --n 11008 --k 4096 --m 1
+    ... python3 benchmarks/kernel_profile.py --compare     # GEMV, wt-asm and wt-frag at M = 1 and 16 instead
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lmd.turbomind.kernels.w4a16 import default_plan, m_bucket, run_plan  # noqa: E402
+from lmd.turbomind.kernels.w4a16_gemm_wt import WtGemmConfig  # noqa: E402
+from lmd.turbomind.kernels.w4a16_gemv import GemvConfig  # noqa: E402
 from lmd.turbomind.kernels.w4a16_layout import quantize_to_engine  # noqa: E402
 
 
@@ -25,15 +28,20 @@ def main() -> None:
     parser.add_argument("--m", type=int, default=1)
     parser.add_argument("--group", type=int, default=128)
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--compare", action="store_true", help="the fixed GEMV / wt-asm / wt-frag list, not --m")
     args = parser.parse_args()
     dev = torch.device("cuda")
     qw, s, z = quantize_to_engine(torch.randn(args.n, args.k, device=dev) * 0.02, args.group, torch.float16)
-    x = torch.randn(args.m, args.k, device=dev, dtype=torch.float16)
-    plan = default_plan(m_bucket(args.m), args.n, args.k, args.group, dev)
-    print(plan.name())
-    for _ in range(args.reps):
-        run_plan(plan, x, qw, s, z)
-    torch.cuda.synchronize()
+    runs = [(args.m, default_plan(m_bucket(args.m), args.n, args.k, args.group, dev))]
+    if args.compare:
+        runs = [(1, GemvConfig(512, 2, args.k // 32, 4, 1, 1)), (1, WtGemmConfig(64, 16, 128, 2, 4, 3, "frag")),
+                (16, WtGemmConfig(64, 16, 128, 2, 4, 3, "asm")), (16, WtGemmConfig(64, 16, 128, 2, 4, 3, "frag"))]
+    for m, plan in runs:
+        x = torch.randn(m, args.k, device=dev, dtype=torch.float16)
+        print(m, plan.name(), flush=True)
+        for _ in range(args.reps):
+            run_plan(plan, x, qw, s, z)
+        torch.cuda.synchronize()
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ On CUDA tensors with Triton present (or under TRITON_INTERPRET=1) the token coun
     M <= 4      -> split-K GEMV on CUDA cores          (w4a16_gemv)
     M <= 128    -> split-K tensor-core GEMM            (w4a16_gemm, SPLIT_K > 1; plain or nibble-dot)
     M >= 32     -> tiled tensor-core GEMM              (w4a16_gemm, SPLIT_K = 1)
-    any M       -> transposed GEMM, weights as the MMA's register operand, split-K or tiled, PTX decode on CUDA
+    any M       -> transposed GEMM, weights as the MMA's register operand, split-K or tiled, PTX decode on CUDA,
+                   nibbles decoded straight into the MMA fragment ("frag")
                                                        (w4a16_gemm_wt; the usual winner from M = 2 to 128)
     M >= 128    -> Triton dequant, then cuBLAS         (w4a16_dequant)
 and the measured fastest wins (H200 figures: docs/benchmarks.md). fp16/bf16 activations; other dtypes, CPU tensors
@@ -162,7 +163,7 @@ def candidates(bucket: int, n: int, k: int, group: int, device: torch.device) ->
                                           (128, 128, 64, 8, 3), (64, 64, 128, 4, 2)):
             if bm <= max(bucket, 64):
                 out.append(GemmConfig(bm, bn, bk, 1, 8, warps, stages))
-    decodes = ("interleave", "asm")
+    decodes = ("asm", "frag")
     if bucket <= 64:
         for bn, bk, warps in ((64, 64, 4), (64, 128, 4), (128, 64, 4), (128, 128, 4), (64, 256, 4), (128, 256, 8),
                               (32, 128, 4), (128, 128, 8)):
@@ -178,7 +179,7 @@ def candidates(bucket: int, n: int, k: int, group: int, device: torch.device) ->
                                           (128, 128, 32, 4, 4), (64, 64, 64, 4, 3), (64, 64, 64, 4, 4),
                                           (128, 64, 64, 4, 4), (64, 128, 128, 4, 3), (128, 128, 64, 8, 4)):
             if bm <= max(bucket, 64):
-                for decode in decodes:
+                for decode in ("interleave", *decodes):
                     out.append(_wt(bucket, n, k, sms, bn, bk, warps, 1, stages, decode, bm))
         out.append(_wt(bucket, n, k, sms, 64, 128, 4, 1, 3, "load", min(128, max(bucket, 64))))
     if bucket >= 128:

@@ -49,12 +49,12 @@ class WtGemmConfig:
     decode: str = "load"  # "load", "interleave" or "asm" (module docstring)
 
     def name(self) -> str:
-        tag = {"load": "", "interleave": "-il", "asm": "-asm"}[self.decode]
+        tag = {"load": "", "interleave": "-il", "asm": "-asm", "frag": "-frag"}[self.decode]
         return (f"wt{tag} n{self.block_n} m{self.block_m} k{self.block_k} s{self.split_k} w{self.num_warps} "
                 f"st{self.num_stages}")
 
 
-DECODES = ("load", "interleave", "asm")
+DECODES = ("load", "interleave", "asm", "frag")
 
 # $0..$7: nibbles 0..7 of the word $8, dequantized with scale $9 and zero $10 (both 16-bit, act dtype)
 _DECODE_PTX = """{
@@ -114,7 +114,7 @@ def _nibble_dequant(q, i: tl.constexpr, s, z):
 
 @triton.jit
 def _asm_weight_tile(qw_ptr, s_ptr, z_ptr, offs_n, n_mask, step, N, K, GROUP: tl.constexpr, BLOCK_K: tl.constexpr,
-                     dtype: tl.constexpr, PTX: tl.constexpr):
+                     dtype: tl.constexpr, PTX: tl.constexpr, FRAG: tl.constexpr = False):
     """Dequantized W[offs_n, step's K slice] in the act dtype, [BLOCK_N, BLOCK_K], decoded by _DECODE_PTX (PTX) or
     by its plain-Triton twin (interpreter): the same loads and the same joins, so CI checks all but the PTX."""
     rows = step * (BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
@@ -146,6 +146,14 @@ def _asm_weight_tile(qw_ptr, s_ptr, z_ptr, offs_n, n_mask, step, N, K, GROUP: tl
         w5 = _nibble_dequant(q, 5, s, z).to(dtype)
         w6 = _nibble_dequant(q, 6, s, z).to(dtype)
         w7 = _nibble_dequant(q, 7, s, z).to(dtype)
+    if FRAG:
+        # join appends its selector as the fastest axis: [n, word, c, b, a] = nibble 2a + b + 4c of the word, and
+        # word = 4 kc + t. The permute puts it at kp = 32 kc + 16 a + 8 b + 2 t + c: thread t's k pairs in a wgmma A
+        # fragment (the x.T tile is permuted to match), so Triton can load the packed tile straight into the MMA layout
+        w = tl.join(tl.join(tl.join(w0, w4), tl.join(w1, w5)), tl.join(tl.join(w2, w6), tl.join(w3, w7)))
+        w = tl.reshape(w, (q.shape[0], BLOCK_K // 32, 4, 2, 2, 2))
+        w = tl.permute(w, (0, 1, 5, 4, 2, 3))
+        return tl.reshape(w, (q.shape[0], BLOCK_K))
     # join appends a fastest axis, so the outermost join picks bit 0 of the nibble index: [.., a, b, c] holds
     # nibble 4a + 2b + c when the innermost joins pair (i, i + 4) — the two halves of one PTX register
     w = tl.join(tl.join(tl.join(w0, w4), tl.join(w2, w6)), tl.join(tl.join(w1, w5), tl.join(w3, w7)))
@@ -173,8 +181,10 @@ def _wt_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, 
     for step in range(first, last):
         ks = step * BLOCK_K + offs_k
         k_mask = ks < K
-        if DECODE == 2:
-            w = _asm_weight_tile(qw_ptr, s_ptr, z_ptr, offs_n, n_mask, step, N, K, GROUP, BLOCK_K, dtype, PTX)
+        if DECODE >= 2:
+            w = _asm_weight_tile(qw_ptr, s_ptr, z_ptr, offs_n, n_mask, step, N, K, GROUP, BLOCK_K, dtype, PTX,
+                                 DECODE == 3)
+
         else:
             codes = _weight_tile(qw_ptr, offs_n, n_mask, ks, k_mask, step, N, K, dtype, BLOCK_K, DECODE == 1)
             if GROUP % BLOCK_K == 0:
@@ -188,6 +198,9 @@ def _wt_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, 
                 z = tl.load(z_ptr + sz_off, mask=sz_mask, other=0.0).to(dtype)
             w = codes * s + z
         xt = tl.load(x_ptr + offs_m[None, :] * K + ks[:, None], mask=k_mask[:, None] & m_mask[None, :], other=0.0)
+        if DECODE == 3:  # rows into the weights' fragment order: k = 32 kc + 8 t + 4 c + 2 a + b -> kp (see above)
+            xt = tl.reshape(xt, (BLOCK_K // 32, 4, 2, 2, 2, BLOCK_M))
+            xt = tl.reshape(tl.permute(xt, (0, 3, 4, 1, 2, 5)), (BLOCK_K, BLOCK_M))
         acc = tl.dot(w, xt, acc)
     tile_id = pid_n * tiles_m + pid_m
     store_tile(tl.trans(acc), offs_m, offs_n, M, N, out_ptr, bias_ptr, ws_ptr, cnt_ptr, tile_id, HAS_BIAS, SPLIT_K)
@@ -198,6 +211,9 @@ def gemm_wt(x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zero
     """x2d [M, K] contiguous -> [M, N] in x's dtype."""
     if cfg.decode not in DECODES:
         raise ValueError(f"decode {cfg.decode!r}: expected one of {DECODES}")
+    if cfg.decode == "frag" and (cfg.block_k % 32 or x2d.shape[1] % 32):
+        raise ValueError(f"decode 'frag' permutes k within blocks of 32: BLOCK_K={cfg.block_k} and "
+                         f"K={x2d.shape[1]} must be multiples of 32")
     m, n, k, group, tiles, out, ws, cnt = tile_launch_buffers(x2d, qweight, scales, cfg.block_m, cfg.block_n,
                                                               cfg.split_k)
     _wt_kernel[(tiles, cfg.split_k)](

@@ -53,7 +53,8 @@ def _cases() -> list[Case]:
         out.append(Case(f"gemm-tiled-m{m}-g{g}", GemmConfig(64, 64, 64, 1, group_m=2), m, 128, 256, g, m == 128))
     for m, bn, bm, bk, g, split, decode in ((1, 64, 16, 64, 64, 2, "load"), (3, 32, 16, 128, 128, 1, "interleave"),
                                             (16, 64, 16, 32, 32, 3, "interleave"), (40, 32, 32, 64, 64, 1, "load"),
-                                            (2, 32, 16, 64, 64, 2, "asm"), (20, 64, 32, 256, 128, 1, "asm")):
+                                            (2, 32, 16, 64, 64, 2, "asm"), (20, 64, 32, 256, 128, 1, "asm"),
+                                            (5, 32, 16, 64, 32, 2, "frag"), (17, 64, 32, 256, 128, 1, "frag")):
         out.append(Case(f"wt-{decode}-m{m}-g{g}", WtGemmConfig(bn, bm, bk, split, decode=decode), m, 96, 256, g,
                         m == 3))
     for m, g in ((33, 64), (256, 128)):

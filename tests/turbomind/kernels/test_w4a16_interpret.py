@@ -41,3 +41,16 @@ def test_dequant_kernel_is_exact(interpreted: dict) -> None:
 
 def test_split_k_workspace_cleans_itself(interpreted: dict) -> None:
     assert interpreted["workspace_clean"] is True
+
+
+@pytest.mark.parametrize("block_k, k", [(48, 96), (64, 80)])
+def test_frag_decode_rejects_k_outside_blocks_of_32(block_k: int, k: int) -> None:
+    import torch
+
+    from lmd.turbomind.kernels.w4a16_gemm_wt import WtGemmConfig, gemm_wt
+
+    x = torch.randn(2, k, dtype=torch.float16)
+    qweight = torch.zeros(k // 8, 64, dtype=torch.int32)
+    scales = torch.ones(1, 64, dtype=torch.float16)
+    with pytest.raises(ValueError, match="multiples of 32"):
+        gemm_wt(x, qweight, scales, -8 * scales, None, WtGemmConfig(64, 16, block_k, decode="frag"))

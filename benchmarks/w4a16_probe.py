@@ -1,0 +1,147 @@
+"""Where a W4A16 kernel's time goes (GPU only): the streaming ceiling of the packed weights, and plans side by side.
+
+    python3 benchmarks/w4a16_probe.py [--shapes 4096x4096,11008x4096] [--plans-m 1,16,64]
+
+1. Ceiling: a Triton kernel that only reads the packed weights (int32 [K / 8, N]) and folds them with xor, over a
+   sweep of grid shapes (columns per program, packed rows per step, split-K, warps, pipeline stages), timed like
+   benchmarks/kernels.py (one CUDA graph over weight copies larger than L2, median replay). The best row is what any
+   W4A16 kernel reading the same bytes in the same kind of grid could reach; torch's device copy of the same bytes
+   is printed beside it. A plan far below the ceiling loses time to its math or its reduction, not to the memory.
+2. Plans: fixed configs of every path at the listed M, in the same harness (`PLANS`), so variants compare directly.
+
+Writes $OUT/w4a16_probe.json (or ./w4a16_probe.json); prints tables last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.kernels import copies_for, graph_time_us  # noqa: E402
+from lmd.turbomind.kernels.w4a16 import run_plan  # noqa: E402
+from lmd.turbomind.kernels.w4a16_gemm_wt import WtGemmConfig  # noqa: E402
+from lmd.turbomind.kernels.w4a16_gemv import GemvConfig  # noqa: E402
+from lmd.turbomind.kernels.w4a16_layout import quantize_to_engine, w4a16_matmul_reference  # noqa: E402
+
+
+@triton.jit
+def _stream_kernel(q_ptr, out_ptr, N, K8, BLOCK_N: tl.constexpr, BLOCK_K8: tl.constexpr, SPLIT_K: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.arange(0, BLOCK_K8)
+    n_mask = offs_n < N
+    steps = tl.cdiv(K8, BLOCK_K8)
+    per_split = tl.cdiv(steps, SPLIT_K)
+    first = pid_k * per_split
+    acc = tl.zeros([BLOCK_K8, BLOCK_N], dtype=tl.int32)
+    for step in range(first, tl.minimum(first + per_split, steps)):
+        r = step * BLOCK_K8 + rows
+        acc ^= tl.load(q_ptr + r[:, None] * N + offs_n[None, :], mask=(r < K8)[:, None] & n_mask[None, :], other=0,
+                       eviction_policy="evict_first")
+    tl.store(out_ptr + pid_k * N + offs_n, tl.xor_sum(acc, 0), mask=n_mask)
+
+
+# (columns per program, packed rows per step, K steps per program, warps, stages)
+STREAM_CONFIGS = [(512, 2, 2, 4, 1), (256, 2, 2, 2, 1), (128, 2, 2, 1, 1), (512, 2, 4, 4, 1), (256, 4, 4, 4, 1),
+                  (256, 8, 4, 4, 1), (512, 4, 8, 4, 1), (256, 8, 8, 4, 3), (512, 8, 8, 8, 3), (256, 16, 8, 8, 3),
+                  (128, 16, 16, 4, 3), (128, 32, 16, 8, 3), (256, 16, 16, 8, 4), (512, 8, 16, 8, 4),
+                  (64, 64, 8, 4, 3), (128, 64, 8, 8, 3), (1024, 4, 16, 8, 3), (256, 32, 4, 8, 2)]
+
+
+def stream_rows(n: int, k: int, dev: torch.device) -> list[dict]:
+    k8 = k // 8
+    copies = copies_for(k8 * n * 4)
+    qws = [torch.randint(-2**31, 2**31 - 1, (k8, n), dtype=torch.int32, device=dev) for _ in range(copies)]
+    rows = []
+    for bn, bk8, steps, warps, stages in STREAM_CONFIGS:
+        split = max(1, (k8 // bk8) // steps)
+        out = torch.empty(split, n, dtype=torch.int32, device=dev)
+        grid = (triton.cdiv(n, bn), split)
+
+        def run(q, o=out, g=grid, c=(bn, bk8, split, warps, stages)):
+            _stream_kernel[g](q, o, n, k8, BLOCK_N=c[0], BLOCK_K8=c[1], SPLIT_K=c[2], num_warps=c[3], num_stages=c[4])
+
+        us = graph_time_us([lambda q=q: run(q) for q in qws])
+        rows.append(dict(n=n, k=k, config=f"n{bn} k8x{bk8} s{split} w{warps} st{stages}", ctas=grid[0] * split,
+                         us=us, tbps=k8 * n * 4 / us / 1e6))
+    src = [torch.empty(k8 * n * 4, dtype=torch.uint8, device=dev) for _ in range(copies)]
+    dst = torch.empty_like(src[0])
+    us = graph_time_us([lambda s=s: dst.copy_(s) for s in src])
+    rows.append(dict(n=n, k=k, config="torch copy (read + write)", ctas=0, us=us, tbps=k8 * n * 4 / us / 1e6))
+    return rows
+
+
+def plans_for(m: int, k: int) -> list:
+    if m == 1:
+        out: list = [GemvConfig(512, 2, (k // 16) // 2, 4, 1, 1), GemvConfig(256, 2, (k // 16) // 2, 2, 1, 1),
+                     GemvConfig(256, 8, k // 64 // 8, 4, 1, 1), GemvConfig(512, 8, k // 64 // 4, 8, 1, 1)]
+    else:
+        out = []
+    bm = max(16, min(m, 64))
+    for decode in ("asm", "frag"):
+        for bn, bk, split, warps, stages in ((64, 128, 2, 4, 3), (64, 128, 8, 4, 3), (128, 128, 4, 8, 3),
+                                             (64, 256, 4, 4, 3), (128, 256, 2, 8, 2), (64, 64, 8, 4, 4)):
+            out.append(WtGemmConfig(bn, bm, bk, split, warps, stages, decode))
+    return out
+
+
+def plan_rows(n: int, k: int, ms: list[int], dev: torch.device) -> list[dict]:
+    qw, s, z = quantize_to_engine(torch.randn(n, k, device=dev) * 0.02, 128, torch.float16)
+    copies = copies_for(qw.numel() * 4 + 2 * s.numel() * 2)
+    weights = [(qw.clone(), s.clone(), z.clone()) for _ in range(copies)]
+    rows = []
+    for m in ms:
+        x = torch.randn(m, k, device=dev, dtype=torch.float16)
+        ref = w4a16_matmul_reference(x, qw, s, z).float()
+        for plan in plans_for(m, k):
+            try:
+                err = ((run_plan(plan, x, qw, s, z).float() - ref).norm() / ref.norm()).item()
+                us = graph_time_us([lambda w=w, p=plan, x=x: run_plan(p, x, *w) for w in weights])
+            except Exception as exc:  # a config the compiler rejects is reported, not fatal
+                rows.append(dict(n=n, k=k, m=m, plan=plan.name(), error=str(exc)[:200]))
+                continue
+            rows.append(dict(n=n, k=k, m=m, plan=plan.name(), us=us, rel_err=err,
+                             tbps=(qw.numel() * 4 + 2 * s.numel() * 2) / us / 1e6))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--shapes", default="4096x4096,11008x4096", help="comma list of NxK")
+    parser.add_argument("--plans-m", default="1,16,64", help="token counts for the plan comparison")
+    parser.add_argument("--no-stream", action="store_true", help="skip the streaming ceiling sweep")
+    args = parser.parse_args()
+    dev = torch.device("cuda")
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    ms = [int(v) for v in args.plans_m.split(",")]
+    stream, plans = [], []
+    for n, k in shapes:
+        plans += plan_rows(n, k, ms, dev)
+        if not args.no_stream:
+            stream += stream_rows(n, k, dev)
+    out = Path(os.environ.get("OUT", "."), "w4a16_probe.json")
+    out.write_text(json.dumps(dict(gpu=torch.cuda.get_device_name(dev), stream=stream, plans=plans), indent=1))
+    print("\n| N×K | streaming config | CTAs | µs | TB/s |\n|---|---|---:|---:|---:|")
+    for r in stream:
+        print(f"| {r['n']}×{r['k']} | `{r['config']}` | {r['ctas']} | {r['us']:.1f} | {r['tbps']:.2f} |")
+    print("\n| N×K | M | plan | µs | weight TB/s | rel err |\n|---|---:|---|---:|---:|---:|")
+    for r in plans:
+        if "error" in r:
+            print(f"| {r['n']}×{r['k']} | {r['m']} | `{r['plan']}` | error | {r['error'][:60]} |")
+        else:
+            print(f"| {r['n']}×{r['k']} | {r['m']} | `{r['plan']}` | {r['us']:.1f} | {r['tbps']:.2f} | "
+                  f"{r['rel_err']:.1e} |")
+
+
+if __name__ == "__main__":
+    main()
