@@ -82,15 +82,16 @@ def stream_rows(n: int, k: int, dev: torch.device) -> list[dict]:
 
 
 def plans_for(m: int, k: int) -> list:
-    if m == 1:
-        out: list = [GemvConfig(512, 2, (k // 16) // 2, 4, 1, 1), GemvConfig(256, 2, (k // 16) // 2, 2, 1, 1),
-                     GemvConfig(256, 8, k // 64 // 8, 4, 1, 1), GemvConfig(512, 8, k // 64 // 4, 8, 1, 1)]
-    else:
-        out = []
+    out: list = []
+    if m <= 4:  # (columns, packed rows per step, warps, steps per program)
+        for bn, bk8, warps, steps in ((512, 2, 4, 2), (256, 2, 2, 2), (512, 2, 4, 4), (1024, 2, 4, 2),
+                                      (1024, 2, 4, 4), (1024, 1, 4, 4), (512, 2, 2, 2), (512, 2, 2, 4),
+                                      (1024, 4, 4, 2), (2048, 2, 8, 2), (1024, 2, 8, 2), (512, 4, 4, 2)):
+            out.append(GemvConfig(bn, bk8, max(1, (k // (8 * bk8)) // steps), warps, 1, m))
     bm = max(16, min(m, 64))
     for decode in ("asm", "frag"):
-        for bn, bk, split, warps, stages in ((64, 128, 2, 4, 3), (64, 128, 8, 4, 3), (128, 128, 4, 8, 3),
-                                             (64, 256, 4, 4, 3), (128, 256, 2, 8, 2), (64, 64, 8, 4, 4)):
+        for bn, bk, split, warps, stages in ((64, 128, 2, 4, 3), (64, 128, 8, 4, 3), (128, 128, 2, 4, 3),
+                                             (128, 128, 4, 4, 3), (128, 64, 4, 4, 3), (128, 128, 1, 4, 4)):
             out.append(WtGemmConfig(bn, bm, bk, split, warps, stages, decode))
     return out
 
@@ -118,7 +119,7 @@ def plan_rows(n: int, k: int, ms: list[int], dev: torch.device) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--shapes", default="4096x4096,11008x4096", help="comma list of NxK")
-    parser.add_argument("--plans-m", default="1,16,64", help="token counts for the plan comparison")
+    parser.add_argument("--plans-m", default="1,2,4,16,64", help="token counts for the plan comparison")
     parser.add_argument("--no-stream", action="store_true", help="skip the streaming ceiling sweep")
     args = parser.parse_args()
     dev = torch.device("cuda")

@@ -136,15 +136,13 @@ def candidates(bucket: int, n: int, k: int, group: int, device: torch.device) ->
         for bn, bk8, warps in ((128, 8, 1), (256, 8, 2), (128, 16, 1), (256, 4, 1), (512, 4, 2)):
             for steps in (1, 2, 4, 8):
                 out.append(_gemv(bucket, k, bn, bk8, warps, steps))
-        for bn, bk8, warps in ((256, 2, 2), (256, 4, 1), (512, 2, 2), (128, 8, 1)):
-            for steps in (8, 16):
+        for bn, bk8, warps in ((1024, 1, 4), (1024, 2, 4), (512, 4, 2), (1024, 4, 4), (2048, 1, 8), (2048, 2, 8)):
+            for steps in (1, 2, 4, 8):  # 8 columns per thread: x loads and conversions spread over more weights
                 out.append(_gemv(bucket, k, bn, bk8, warps, steps))
-        for bn, bk8, warps in ((256, 2, 2), (128, 8, 1)):
-            for steps, stages in ((8, 2), (16, 3)):
-                out.append(_gemv(bucket, k, bn, bk8, warps, steps, stages))
     elif bucket <= 4:
-        for bn, bk8, warps in ((128, 1, 1), (256, 1, 2), (512, 1, 2), (256, 2, 2), (128, 8, 1), (256, 4, 1)):
-            for steps in (2, 4):
+        for bn, bk8, warps in ((128, 1, 1), (256, 1, 2), (512, 1, 2), (256, 2, 2), (128, 8, 1), (256, 4, 1),
+                               (512, 2, 4), (1024, 1, 4), (512, 1, 4), (1024, 2, 4)):
+            for steps in (1, 2, 4):
                 out.append(_gemv(bucket, k, bn, bk8, warps, steps))
     if bucket <= 128:
         for bn, bk, warps in ((64, 64, 4), (32, 64, 4), (64, 128, 4), (128, 64, 4), (256, 64, 4), (128, 128, 8)):

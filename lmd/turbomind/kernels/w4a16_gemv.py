@@ -52,15 +52,57 @@ def nibble_as_unit_float(q, i: tl.constexpr):
     return ((t & 0x00780000) | 0x3F800000).to(tl.float32, bitcast=True)
 
 
+# $0..$7: 1 + c_i / 16 as fp32 bits for the 8 nibbles of word $8: a shift and one lop3 ((t & mask) | 1.0f) each.
+# Triton's `(t & mask) | one` becomes two LOP3s in SASS (a LOP3 takes one immediate); here `one` sits in a register.
+UNIT_FLOATS_PTX = tl.constexpr("""{
+.reg .b32 t, one;
+mov.b32 one, 0x3F800000;
+shl.b32 t, $8, 19;
+lop3.b32 $0, t, 0x00780000, one, 0xEA;
+shl.b32 t, $8, 15;
+lop3.b32 $1, t, 0x00780000, one, 0xEA;
+shl.b32 t, $8, 11;
+lop3.b32 $2, t, 0x00780000, one, 0xEA;
+shl.b32 t, $8, 7;
+lop3.b32 $3, t, 0x00780000, one, 0xEA;
+shl.b32 t, $8, 3;
+lop3.b32 $4, t, 0x00780000, one, 0xEA;
+shr.u32 t, $8, 1;
+lop3.b32 $5, t, 0x00780000, one, 0xEA;
+shr.u32 t, $8, 5;
+lop3.b32 $6, t, 0x00780000, one, 0xEA;
+shr.u32 t, $8, 9;
+lop3.b32 $7, t, 0x00780000, one, 0xEA;
+}""")
+
+
+@triton.jit
+def unit_floats(q, PTX: tl.constexpr):
+    """The 8 nibbles of int32 q as fp32 1 + c/16, nibble order; one PTX block on the GPU, plain Triton otherwise."""
+    if PTX:
+        f = tl.inline_asm_elementwise(UNIT_FLOATS_PTX, "=r,=r,=r,=r,=r,=r,=r,=r,r", [q], dtype=(tl.int32,) * 8,
+                                      is_pure=True, pack=1)
+        return (f[0].to(tl.float32, bitcast=True), f[1].to(tl.float32, bitcast=True),
+                f[2].to(tl.float32, bitcast=True), f[3].to(tl.float32, bitcast=True),
+                f[4].to(tl.float32, bitcast=True), f[5].to(tl.float32, bitcast=True),
+                f[6].to(tl.float32, bitcast=True), f[7].to(tl.float32, bitcast=True))
+    return (nibble_as_unit_float(q, 0), nibble_as_unit_float(q, 1), nibble_as_unit_float(q, 2),
+            nibble_as_unit_float(q, 3), nibble_as_unit_float(q, 4), nibble_as_unit_float(q, 5),
+            nibble_as_unit_float(q, 6), nibble_as_unit_float(q, 7))
+
+
 @triton.jit
 def _packed_rows(qw_ptr, rows, offs_n, n_mask, N, row_end):
-    mask = (rows < row_end)[:, None] & n_mask[None, :]
+    mask = (rows < row_end)[:, None] & n_mask[None, :]  # also stops the last step's prefetch
     return tl.load(qw_ptr + rows[:, None] * N + offs_n[None, :], mask=mask, other=0, eviction_policy="evict_first")
 
 
 @triton.jit
-def _row_step(x_ptr, x_off, x_mask, f, i: tl.constexpr, dot, xs):
-    xi = tl.load(x_ptr + x_off + i, mask=x_mask, other=0.0).to(tl.float32)
+def _row_step(x_ptr, x_off, x_mask, f, i: tl.constexpr, dot, xs, EVEN_K: tl.constexpr):
+    if EVEN_K:
+        xi = tl.load(x_ptr + x_off + i).to(tl.float32)
+    else:
+        xi = tl.load(x_ptr + x_off + i, mask=x_mask, other=0.0).to(tl.float32)
     return dot + xi[:, None] * f, xs + xi
 
 
@@ -72,7 +114,7 @@ def _fold(acc, dot, xs, s16, zc):
 @triton.jit(do_not_specialize=["M"])
 def _gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K,
                  GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K8: tl.constexpr,
-                 SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr):
+                 SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr, PTX: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -114,14 +156,15 @@ def _gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr
         xs1 = tl.zeros([BLOCK_K8], dtype=tl.float32)
         xs2 = tl.zeros([BLOCK_K8], dtype=tl.float32)
         xs3 = tl.zeros([BLOCK_K8], dtype=tl.float32)
+        fs = unit_floats(q, PTX)
         for i in tl.static_range(8):
-            f = nibble_as_unit_float(q, i)
-            dot0, xs0 = _row_step(x_ptr, x_off, r_mask, f, i, dot0, xs0)
-            if BLOCK_M > 1:
-                dot1, xs1 = _row_step(x_ptr, x_off + K, r_mask & (offs_r * 0 + 1 < M), f, i, dot1, xs1)
+            f = fs[i]
+            dot0, xs0 = _row_step(x_ptr, x_off, r_mask, f, i, dot0, xs0, EVEN_K)
+            if BLOCK_M > 1:  # rows past M read x with a mask even when K is even
+                dot1, xs1 = _row_step(x_ptr, x_off + K, r_mask & (offs_r * 0 + 1 < M), f, i, dot1, xs1, False)
             if BLOCK_M > 2:
-                dot2, xs2 = _row_step(x_ptr, x_off + 2 * K, r_mask & (offs_r * 0 + 2 < M), f, i, dot2, xs2)
-                dot3, xs3 = _row_step(x_ptr, x_off + 3 * K, r_mask & (offs_r * 0 + 3 < M), f, i, dot3, xs3)
+                dot2, xs2 = _row_step(x_ptr, x_off + 2 * K, r_mask & (offs_r * 0 + 2 < M), f, i, dot2, xs2, False)
+                dot3, xs3 = _row_step(x_ptr, x_off + 3 * K, r_mask & (offs_r * 0 + 3 < M), f, i, dot3, xs3, False)
         acc0 = _fold(acc0, dot0, xs0, s16, zc)
         if BLOCK_M > 1:
             acc1 = _fold(acc1, dot1, xs1, s16, zc)
@@ -156,5 +199,6 @@ def gemv(x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: 
     _gemv_kernel[(tiles_n, cfg.split_k)](
         x2d, qweight, scales, zeros, bias if bias is not None else out, out, ws, cnt, m, n, k,
         GROUP=group, HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n, BLOCK_K8=cfg.block_k8,
-        SPLIT_K=cfg.split_k, BLOCK_M=cfg.block_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        SPLIT_K=cfg.split_k, BLOCK_M=cfg.block_m, EVEN_K=k % (8 * cfg.block_k8) == 0, PTX=x2d.is_cuda,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
