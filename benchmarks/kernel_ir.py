@@ -33,8 +33,9 @@ def compile_plan(plan, x, qw, s, z, out):
         tiles = triton.cdiv(m, plan.block_m) * triton.cdiv(n, plan.block_n)
         return _wt_kernel[(tiles, 1)](x, qw, s, z, out, out, out, out, m, n, k, GROUP=group, HAS_BIAS=False,
                                       BLOCK_N=plan.block_n, BLOCK_M=plan.block_m, BLOCK_K=plan.block_k, SPLIT_K=1,
-                                      DECODE=DECODES.index(plan.decode), PTX=True, num_warps=plan.num_warps,
-                                      num_stages=plan.num_stages)
+                                      DECODE=DECODES.index(plan.decode), PTX=True,
+                                      EVEN=n % plan.block_n == 0 and k % plan.block_k == 0,
+                                      num_warps=plan.num_warps, num_stages=plan.num_stages)
     tiles = triton.cdiv(m, plan.block_m) * triton.cdiv(n, plan.block_n)
     return _gemm_kernel[(tiles, 1)](x, qw, s, z, out, out, out, out, m, n, k, GROUP=group, HAS_BIAS=False,
                                     BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, SPLIT_K=1,

@@ -114,13 +114,20 @@ def _nibble_dequant(q, i: tl.constexpr, s, z):
 
 @triton.jit
 def _asm_weight_tile(qw_ptr, s_ptr, z_ptr, offs_n, n_mask, step, N, K, GROUP: tl.constexpr, BLOCK_K: tl.constexpr,
-                     dtype: tl.constexpr, PTX: tl.constexpr, FRAG: tl.constexpr = False):
+                     dtype: tl.constexpr, PTX: tl.constexpr, FRAG: tl.constexpr, EVEN: tl.constexpr):
     """Dequantized W[offs_n, step's K slice] in the act dtype, [BLOCK_N, BLOCK_K], decoded by _DECODE_PTX (PTX) or
     by its plain-Triton twin (interpreter): the same loads and the same joins, so CI checks all but the PTX."""
     rows = step * (BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
     mask = n_mask[:, None] & (rows < K // 8)[None, :]
-    q = tl.load(qw_ptr + rows[None, :] * N + offs_n[:, None], mask=mask, other=0)
-    if GROUP % BLOCK_K == 0:
+    if EVEN:  # N and K fill whole tiles: no predicates (fewer instructions per step)
+        q = tl.load(qw_ptr + rows[None, :] * N + offs_n[:, None])
+    else:
+        q = tl.load(qw_ptr + rows[None, :] * N + offs_n[:, None], mask=mask, other=0)
+    if GROUP % BLOCK_K == 0 and EVEN:
+        g = (step * BLOCK_K) // GROUP
+        s = tl.broadcast_to(tl.load(s_ptr + g * N + offs_n)[:, None], q.shape)
+        z = tl.broadcast_to(tl.load(z_ptr + g * N + offs_n)[:, None], q.shape)
+    elif GROUP % BLOCK_K == 0:
         g = (step * BLOCK_K) // GROUP
         s = tl.broadcast_to(tl.load(s_ptr + g * N + offs_n, mask=n_mask, other=0.0)[:, None], q.shape)
         z = tl.broadcast_to(tl.load(z_ptr + g * N + offs_n, mask=n_mask, other=0.0)[:, None], q.shape)
@@ -163,7 +170,8 @@ def _asm_weight_tile(qw_ptr, s_ptr, z_ptr, offs_n, n_mask, step, N, K, GROUP: tl
 @triton.jit(do_not_specialize=["M"])
 def _wt_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K,
                GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-               BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, DECODE: tl.constexpr, PTX: tl.constexpr):
+               BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, DECODE: tl.constexpr, PTX: tl.constexpr,
+               EVEN: tl.constexpr):
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     tiles_m = tl.cdiv(M, BLOCK_M)
@@ -183,7 +191,7 @@ def _wt_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, 
         k_mask = ks < K
         if DECODE >= 2:
             w = _asm_weight_tile(qw_ptr, s_ptr, z_ptr, offs_n, n_mask, step, N, K, GROUP, BLOCK_K, dtype, PTX,
-                                 DECODE == 3)
+                                 DECODE == 3, EVEN)
 
         else:
             codes = _weight_tile(qw_ptr, offs_n, n_mask, ks, k_mask, step, N, K, dtype, BLOCK_K, DECODE == 1)
@@ -197,7 +205,11 @@ def _wt_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, 
                 s = tl.load(s_ptr + sz_off, mask=sz_mask, other=0.0).to(dtype)
                 z = tl.load(z_ptr + sz_off, mask=sz_mask, other=0.0).to(dtype)
             w = codes * s + z
-        xt = tl.load(x_ptr + offs_m[None, :] * K + ks[:, None], mask=k_mask[:, None] & m_mask[None, :], other=0.0)
+        if EVEN:
+            xt = tl.load(x_ptr + offs_m[None, :] * K + ks[:, None], mask=m_mask[None, :], other=0.0)
+        else:
+            xt = tl.load(x_ptr + offs_m[None, :] * K + ks[:, None], mask=k_mask[:, None] & m_mask[None, :],
+                         other=0.0)
         if DECODE == 3:  # rows into the weights' fragment order: k = 32 kc + 8 t + 4 c + 2 a + b -> kp (see above)
             xt = tl.reshape(xt, (BLOCK_K // 32, 4, 2, 2, 2, BLOCK_M))
             xt = tl.reshape(tl.permute(xt, (0, 3, 4, 1, 2, 5)), (BLOCK_K, BLOCK_M))
@@ -219,6 +231,7 @@ def gemm_wt(x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zero
     _wt_kernel[(tiles, cfg.split_k)](
         x2d, qweight, scales, zeros, bias if bias is not None else out, out, ws, cnt, m, n, k,
         GROUP=group, HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k,
-        SPLIT_K=cfg.split_k, DECODE=DECODES.index(cfg.decode), PTX=x2d.is_cuda, num_warps=cfg.num_warps,
+        SPLIT_K=cfg.split_k, DECODE=DECODES.index(cfg.decode), PTX=x2d.is_cuda,
+        EVEN=n % cfg.block_n == 0 and k % cfg.block_k == 0, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages)
     return out
