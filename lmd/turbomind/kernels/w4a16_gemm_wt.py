@@ -5,8 +5,9 @@ memory. In `w4a16_gemm` the weights are B (y = x @ W.T), so every dequantized ti
 memory before the MMA reads it. Here the weights are A: the MMA takes the dequantized tile [BLOCK_N, BLOCK_K] from
 registers, and only the activations x.T [BLOCK_K, BLOCK_M] (small, loaded, never computed) must sit in shared memory.
 (Triton still moves the decoded tile through shared memory when its register layout differs from the MMA fragment's,
-which it does: a thread decodes 8 consecutive k, a fragment holds k pairs 2t, 2t + 1, 2t + 8, 2t + 9.) The token count
-is the MMA's N side, so a decode batch of 1..16 tokens pads to 16 columns, not to 64 rows.
+as it does for "load", "interleave" and "asm": a thread decodes 8 consecutive k, a fragment holds k pairs 2t, 2t + 1,
+2t + 8, 2t + 9; "frag" below removes that trip.) The token count is the MMA's N side, so a decode batch of 1..16 tokens
+pads to 16 columns, not to 64 rows.
 
 Decoding (`decode`):
   "load"        reads each packed int32 once per unpacked row, q[k // 8, n] (8 loads of the same word, served from
@@ -21,6 +22,12 @@ Decoding (`decode`):
                 k order. The interpreter cannot run PTX: there (CPU tensors) a plain-Triton twin computes the same
                 eight outputs and the rest of the kernel is the same, so CI checks everything but the PTX block,
                 which benchmarks/gpu_kernel_tests.py checks on the GPU.
+  "frag"        the "asm" decode, with each tile's k reordered within blocks of 32 so that the nibbles of one packed
+                word land where a wgmma A fragment wants them: word 4 kc + t of a row goes to thread t of the quad and
+                its nibble 2a + b + 4c to kp = 32 kc + 16 a + 8 b + 2 t + c (c = which half of the f16x2 register).
+                The same reorder of the x.T rows (reshape + permute of the loaded tile) keeps the product exact. Triton
+                then loads the packed tile from shared memory straight into the MMA layout (TTGIR: no layout
+                conversion of the decoded tile). Needs BLOCK_K and K multiples of 32.
 
 Split-K (SPLIT_K > 1) reduces through the same self-cleaning workspace as the other kernels (`w4a16_epilogue`).
 Reference: `w4a16_layout.w4a16_matmul_reference` (same function; tests compare against it).

@@ -10,6 +10,8 @@ a shift, a mask-and-or and one FMA per token row:
 and over the 8 weights of a packed row, with dot = sum_k x_k f_k and xs = sum_k x_k,
     sum_k x_k (c_k s + z) = 16 s * dot + (z - 16 s) * xs.
 (With the code in the top mantissa bits the cancellation in the last line costs a few bits of 24, not the value.)
+On the GPU the 8 unit floats of a word come from one PTX block (a shift and one lop3 each: Triton's and/or pair
+compiles to two LOP3s, since a LOP3 takes one immediate); the interpreter runs the same math in plain Triton.
 
 Reference: `w4a16_layout.w4a16_matmul_reference` (same function; tests compare against it).
 """
