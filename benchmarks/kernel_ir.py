@@ -21,7 +21,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lmd.turbomind.kernels.w4a16_gemm import GemmConfig, _gemm_kernel  # noqa: E402
-from lmd.turbomind.kernels.w4a16_gemm_wt import DECODES, WtGemmConfig, _wt_kernel  # noqa: E402
+from lmd.turbomind.kernels.w4a16_gemm_wt import DECODES, WtGemmConfig, _wt_kernel, frag_row_warps  # noqa: E402
 from lmd.turbomind.kernels.w4a16_layout import quantize_to_engine  # noqa: E402
 
 
@@ -35,6 +35,7 @@ def compile_plan(plan, x, qw, s, z, out):
                                       BLOCK_N=plan.block_n, BLOCK_M=plan.block_m, BLOCK_K=plan.block_k, SPLIT_K=1,
                                       DECODE=DECODES.index(plan.decode), PTX=True,
                                       EVEN=n % plan.block_n == 0 and k % plan.block_k == 0,
+                                      ROWS=frag_row_warps(plan),
                                       num_warps=plan.num_warps, num_stages=plan.num_stages)
     tiles = triton.cdiv(m, plan.block_m) * triton.cdiv(n, plan.block_n)
     return _gemm_kernel[(tiles, 1)](x, qw, s, z, out, out, out, out, m, n, k, GROUP=group, HAS_BIAS=False,

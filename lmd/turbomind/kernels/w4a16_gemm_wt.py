@@ -120,8 +120,21 @@ def _nibble_dequant(q, i: tl.constexpr, s, z):
 
 
 @triton.jit
+def frag_rows(t, NW: tl.constexpr):
+    """Rows of t [BLOCK_N, W] reordered so that the rows one thread holds in a wgmma A fragment (16 w + g and + 8 in
+    each 64-row block, w = warp, g = lane // 4) are consecutive in memory: logical row 16 NW rep + 16 w + 8 h + g is
+    memory row 2 REP (8 w + g) + 2 rep + h. The packed tile then loads with 8- or 16-byte vectors."""
+    BN: tl.constexpr = t.shape[0]
+    W: tl.constexpr = t.shape[1]
+    REP: tl.constexpr = BN // (16 * NW)
+    t = tl.permute(tl.reshape(t, (NW, 8, REP, 2, W)), (2, 0, 3, 1, 4))
+    return tl.reshape(t, (BN, W))
+
+
+@triton.jit
 def _asm_weight_tile(qw_ptr, s_ptr, z_ptr, offs_n, n_mask, step, N, K, GROUP: tl.constexpr, BLOCK_K: tl.constexpr,
-                     dtype: tl.constexpr, PTX: tl.constexpr, FRAG: tl.constexpr, EVEN: tl.constexpr):
+                     dtype: tl.constexpr, PTX: tl.constexpr, FRAG: tl.constexpr, EVEN: tl.constexpr,
+                     ROWS: tl.constexpr):
     """Dequantized W[offs_n, step's K slice] in the act dtype, [BLOCK_N, BLOCK_K], decoded by _DECODE_PTX (PTX) or
     by its plain-Triton twin (interpreter): the same loads and the same joins, so CI checks all but the PTX."""
     rows = step * (BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
@@ -142,6 +155,10 @@ def _asm_weight_tile(qw_ptr, s_ptr, z_ptr, offs_n, n_mask, step, N, K, GROUP: tl
         sz_off = ((rows * 8) // GROUP)[None, :] * N + offs_n[:, None]
         s = tl.load(s_ptr + sz_off, mask=mask, other=0.0)
         z = tl.load(z_ptr + sz_off, mask=mask, other=0.0)
+    if ROWS > 0:  # loaded in memory order, used in fragment order (frag_rows; ROWS = warps)
+        q = frag_rows(q, ROWS)
+        s = frag_rows(s, ROWS)
+        z = frag_rows(z, ROWS)
     if PTX:
         if dtype == tl.float16:
             w0, w1, w2, w3, w4, w5, w6, w7 = tl.inline_asm_elementwise(
@@ -178,7 +195,7 @@ def _asm_weight_tile(qw_ptr, s_ptr, z_ptr, offs_n, n_mask, step, N, K, GROUP: tl
 def _wt_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K,
                GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, DECODE: tl.constexpr, PTX: tl.constexpr,
-               EVEN: tl.constexpr):
+               EVEN: tl.constexpr, ROWS: tl.constexpr):
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     tiles_m = tl.cdiv(M, BLOCK_M)
@@ -198,7 +215,7 @@ def _wt_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, 
         k_mask = ks < K
         if DECODE >= 2:
             w = _asm_weight_tile(qw_ptr, s_ptr, z_ptr, offs_n, n_mask, step, N, K, GROUP, BLOCK_K, dtype, PTX,
-                                 DECODE == 3, EVEN)
+                                 DECODE == 3, EVEN, ROWS)
 
         else:
             codes = _weight_tile(qw_ptr, offs_n, n_mask, ks, k_mask, step, N, K, dtype, BLOCK_K, DECODE == 1)
@@ -222,7 +239,15 @@ def _wt_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, 
             xt = tl.reshape(tl.permute(xt, (0, 3, 4, 1, 2, 5)), (BLOCK_K, BLOCK_M))
         acc = tl.dot(w, xt, acc)
     tile_id = pid_n * tiles_m + pid_m
+    if ROWS > 0:  # acc's rows are in fragment order
+        offs_n = tl.reshape(frag_rows(offs_n[:, None], ROWS), (BLOCK_N,))
     store_tile(tl.trans(acc), offs_m, offs_n, M, N, out_ptr, bias_ptr, ws_ptr, cnt_ptr, tile_id, HAS_BIAS, SPLIT_K)
+
+
+def frag_row_warps(cfg: WtGemmConfig) -> int:
+    """The ROWS argument: the warp count when the frag decode also reorders rows (BLOCK_N a multiple of 16 per warp),
+    else 0."""
+    return cfg.num_warps if cfg.decode == "frag" and cfg.block_n % (16 * cfg.num_warps) == 0 else 0
 
 
 def gemm_wt(x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
@@ -239,6 +264,6 @@ def gemm_wt(x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zero
         x2d, qweight, scales, zeros, bias if bias is not None else out, out, ws, cnt, m, n, k,
         GROUP=group, HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k,
         SPLIT_K=cfg.split_k, DECODE=DECODES.index(cfg.decode), PTX=x2d.is_cuda,
-        EVEN=n % cfg.block_n == 0 and k % cfg.block_k == 0, num_warps=cfg.num_warps,
+        EVEN=n % cfg.block_n == 0 and k % cfg.block_k == 0, ROWS=frag_row_warps(cfg), num_warps=cfg.num_warps,
         num_stages=cfg.num_stages)
     return out

@@ -57,6 +57,10 @@ def _cases() -> list[Case]:
                                             (5, 32, 16, 64, 32, 2, "frag"), (17, 64, 32, 256, 128, 1, "frag")):
         out.append(Case(f"wt-{decode}-m{m}-g{g}", WtGemmConfig(bn, bm, bk, split, decode=decode), m, 96, 256, g,
                         m == 3))
+    # frag with its row order (BLOCK_N a multiple of 16 per warp) on whole tiles: the unmasked loads
+    out.append(Case("wt-frag-rows-even-m3-g64", WtGemmConfig(64, 16, 64, 2, decode="frag"), 3, 128, 256, 64, True))
+    out.append(Case("wt-frag-rows-8warps-m9-g128", WtGemmConfig(128, 16, 128, 1, num_warps=8, decode="frag"), 9,
+                    256, 256, 128))
     for m, g in ((33, 64), (256, 128)):
         out.append(Case(f"dequant-cublas-m{m}-g{g}", DequantConfig(8, 64), m, 128, 256, g, m == 33))
     for m in (1, 2, 3, 7, 16, 33, 64, 128, 256):
