@@ -132,6 +132,16 @@ def frag_rows(t, NW: tl.constexpr):
 
 
 @triton.jit
+def memory_rows(t, NW: tl.constexpr):
+    """The inverse of frag_rows: rows of t [BLOCK_N, W] from fragment order back to memory order."""
+    BN: tl.constexpr = t.shape[0]
+    W: tl.constexpr = t.shape[1]
+    REP: tl.constexpr = BN // (16 * NW)
+    t = tl.permute(tl.reshape(t, (REP, NW, 2, 8, W)), (1, 3, 0, 2, 4))
+    return tl.reshape(t, (BN, W))
+
+
+@triton.jit
 def _asm_weight_tile(qw_ptr, s_ptr, z_ptr, offs_n, n_mask, step, N, K, GROUP: tl.constexpr, BLOCK_K: tl.constexpr,
                      dtype: tl.constexpr, PTX: tl.constexpr, FRAG: tl.constexpr, EVEN: tl.constexpr,
                      ROWS: tl.constexpr):
@@ -239,8 +249,8 @@ def _wt_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, 
             xt = tl.reshape(tl.permute(xt, (0, 3, 4, 1, 2, 5)), (BLOCK_K, BLOCK_M))
         acc = tl.dot(w, xt, acc)
     tile_id = pid_n * tiles_m + pid_m
-    if ROWS > 0:  # acc's rows are in fragment order
-        offs_n = tl.reshape(frag_rows(offs_n[:, None], ROWS), (BLOCK_N,))
+    if ROWS > 0:  # acc's rows are in fragment order; stores and split-K atomics want them contiguous
+        acc = memory_rows(acc, ROWS)
     store_tile(tl.trans(acc), offs_m, offs_n, M, N, out_ptr, bias_ptr, ws_ptr, cnt_ptr, tile_id, HAS_BIAS, SPLIT_K)
 
 
