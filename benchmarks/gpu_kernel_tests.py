@@ -60,6 +60,7 @@ def paths_for(m: int) -> list:
                                   decode="interleave"))
         plans.append(WtGemmConfig(block_n=64, block_m=128, block_k=64, num_warps=4, num_stages=3, decode="asm"))
         plans.append(WtGemmConfig(block_n=128, block_m=128, block_k=64, num_warps=8, num_stages=3, decode="frag"))
+        plans.append(WtGemmConfig(block_n=64, block_m=128, block_k=64, num_warps=4, num_stages=3, decode="frag-x"))
     if m >= 16:
         plans.append(DequantConfig())
     return plans

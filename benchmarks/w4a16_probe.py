@@ -89,10 +89,15 @@ def plans_for(m: int, k: int) -> list:
                                       (1024, 4, 4, 2), (2048, 2, 8, 2), (1024, 2, 8, 2), (512, 4, 4, 2)):
             out.append(GemvConfig(bn, bk8, max(1, (k // (8 * bk8)) // steps), warps, 1, m))
     bm = max(16, min(m, 64))
-    for decode in ("asm", "frag"):
-        for bn, bk, split, warps, stages in ((64, 128, 2, 4, 3), (64, 128, 8, 4, 3), (128, 128, 2, 4, 3),
-                                             (128, 128, 4, 4, 3), (128, 64, 4, 4, 3), (128, 128, 1, 4, 4)):
-            out.append(WtGemmConfig(bn, bm, bk, split, warps, stages, decode))
+    tiles = ((64, bm, 128, 2, 4, 3), (64, bm, 128, 8, 4, 3), (128, bm, 128, 2, 4, 3), (128, bm, 128, 4, 4, 3),
+             (128, bm, 64, 4, 4, 3), (128, bm, 128, 1, 4, 4))
+    if m >= 64:  # (columns, tokens, k, split, warps, stages) around the tuner's winners for many tokens
+        big = min(m, 128)
+        tiles = ((64, big, 64, 1, 4, 3), (64, big, 128, 1, 4, 3), (64, 64, 128, 2, 4, 3), (64, 64, 64, 8, 4, 4),
+                 (128, big, 64, 1, 8, 4), (64, big, 128, 2, 4, 3))
+    for decode in ("asm", "frag", "frag-x"):
+        for bn, bmt, bk, split, warps, stages in tiles:
+            out.append(WtGemmConfig(bn, bmt, bk, split, warps, stages, decode))
     return out
 
 

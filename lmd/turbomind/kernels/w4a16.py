@@ -177,7 +177,7 @@ def candidates(bucket: int, n: int, k: int, group: int, device: torch.device) ->
                                           (128, 128, 32, 4, 4), (64, 64, 64, 4, 3), (64, 64, 64, 4, 4),
                                           (128, 64, 64, 4, 4), (64, 128, 128, 4, 3), (128, 128, 64, 8, 4)):
             if bm <= max(bucket, 64):
-                for decode in ("interleave", *decodes):
+                for decode in ("interleave", *decodes, "frag-x"):
                     out.append(_wt(bucket, n, k, sms, bn, bk, warps, 1, stages, decode, bm))
         out.append(_wt(bucket, n, k, sms, 64, 128, 4, 1, 3, "load", min(128, max(bucket, 64))))
     if bucket >= 128:

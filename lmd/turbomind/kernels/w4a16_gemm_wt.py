@@ -28,6 +28,8 @@ Decoding (`decode`):
                 The same reorder of the x.T rows (reshape + permute of the loaded tile) keeps the product exact. Triton
                 then loads the packed tile from shared memory straight into the MMA layout (TTGIR: no layout
                 conversion of the decoded tile). Needs BLOCK_K and K multiples of 32.
+  "frag-x"      "frag" with x reordered once per call (`frag_k_order`, one copy of x) instead of per tile: for many
+                tokens, where the per-tile reorder of x.T (through shared memory) costs more than the copy.
 
 Split-K (SPLIT_K > 1) reduces through the same self-cleaning workspace as the other kernels (`w4a16_epilogue`).
 Reference: `w4a16_layout.w4a16_matmul_reference` (same function; tests compare against it).
@@ -56,12 +58,12 @@ class WtGemmConfig:
     decode: str = "load"  # "load", "interleave" or "asm" (module docstring)
 
     def name(self) -> str:
-        tag = {"load": "", "interleave": "-il", "asm": "-asm", "frag": "-frag"}[self.decode]
+        tag = {"load": "", "interleave": "-il", "asm": "-asm", "frag": "-frag", "frag-x": "-fragx"}[self.decode]
         return (f"wt{tag} n{self.block_n} m{self.block_m} k{self.block_k} s{self.split_k} w{self.num_warps} "
                 f"st{self.num_stages}")
 
 
-DECODES = ("load", "interleave", "asm", "frag")
+DECODES = ("load", "interleave", "asm", "frag", "frag-x")
 
 # $0..$7: nibbles 0..7 of the word $8, dequantized with scale $9 and zero $10 (both 16-bit, act dtype)
 _DECODE_PTX = """{
@@ -225,7 +227,7 @@ def _wt_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, 
         k_mask = ks < K
         if DECODE >= 2:
             w = _asm_weight_tile(qw_ptr, s_ptr, z_ptr, offs_n, n_mask, step, N, K, GROUP, BLOCK_K, dtype, PTX,
-                                 DECODE == 3, EVEN, ROWS)
+                                 DECODE >= 3, EVEN, ROWS)
 
         else:
             codes = _weight_tile(qw_ptr, offs_n, n_mask, ks, k_mask, step, N, K, dtype, BLOCK_K, DECODE == 1)
@@ -254,10 +256,17 @@ def _wt_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, 
     store_tile(tl.trans(acc), offs_m, offs_n, M, N, out_ptr, bias_ptr, ws_ptr, cnt_ptr, tile_id, HAS_BIAS, SPLIT_K)
 
 
+def frag_k_order(x2d: torch.Tensor) -> torch.Tensor:
+    """x [M, K] with its columns in the frag decode's k order (kp = 32 kc + 16 a + 8 b + 2 t + c holds
+    k = 32 kc + 8 t + 4 c + 2 a + b): a copy, for "frag-x", which then reads x.T tiles as they are."""
+    m, k = x2d.shape
+    return x2d.view(m, k // 32, 4, 2, 2, 2).permute(0, 1, 4, 5, 2, 3).reshape(m, k)
+
+
 def frag_row_warps(cfg: WtGemmConfig) -> int:
     """The ROWS argument: the warp count when the frag decode also reorders rows (BLOCK_N a multiple of 16 per warp),
     else 0."""
-    return cfg.num_warps if cfg.decode == "frag" and cfg.block_n % (16 * cfg.num_warps) == 0 else 0
+    return cfg.num_warps if cfg.decode.startswith("frag") and cfg.block_n % (16 * cfg.num_warps) == 0 else 0
 
 
 def gemm_wt(x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
@@ -265,9 +274,11 @@ def gemm_wt(x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zero
     """x2d [M, K] contiguous -> [M, N] in x's dtype."""
     if cfg.decode not in DECODES:
         raise ValueError(f"decode {cfg.decode!r}: expected one of {DECODES}")
-    if cfg.decode == "frag" and (cfg.block_k % 32 or x2d.shape[1] % 32):
-        raise ValueError(f"decode 'frag' permutes k within blocks of 32: BLOCK_K={cfg.block_k} and "
+    if cfg.decode.startswith("frag") and (cfg.block_k % 32 or x2d.shape[1] % 32):
+        raise ValueError(f"decode {cfg.decode!r} permutes k within blocks of 32: BLOCK_K={cfg.block_k} and "
                          f"K={x2d.shape[1]} must be multiples of 32")
+    if cfg.decode == "frag-x":
+        x2d = frag_k_order(x2d)
     m, n, k, group, tiles, out, ws, cnt = tile_launch_buffers(x2d, qweight, scales, cfg.block_m, cfg.block_n,
                                                               cfg.split_k)
     _wt_kernel[(tiles, cfg.split_k)](

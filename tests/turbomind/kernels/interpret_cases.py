@@ -61,6 +61,8 @@ def _cases() -> list[Case]:
     out.append(Case("wt-frag-rows-even-m3-g64", WtGemmConfig(64, 16, 64, 2, decode="frag"), 3, 128, 256, 64, True))
     out.append(Case("wt-frag-rows-8warps-m9-g128", WtGemmConfig(128, 16, 128, 1, num_warps=8, decode="frag"), 9,
                     256, 256, 128))
+    out.append(Case("wt-fragx-m40-g64", WtGemmConfig(64, 32, 64, 2, decode="frag-x"), 40, 128, 256, 64, True))
+    out.append(Case("wt-fragx-masked-m70-g32", WtGemmConfig(64, 64, 32, 1, decode="frag-x"), 70, 96, 128, 32))
     for m, g in ((33, 64), (256, 128)):
         out.append(Case(f"dequant-cublas-m{m}-g{g}", DequantConfig(8, 64), m, 128, 256, g, m == 33))
     for m in (1, 2, 3, 7, 16, 33, 64, 128, 256):

@@ -54,3 +54,16 @@ def test_frag_decode_rejects_k_outside_blocks_of_32(block_k: int, k: int) -> Non
     scales = torch.ones(1, 64, dtype=torch.float16)
     with pytest.raises(ValueError, match="multiples of 32"):
         gemm_wt(x, qweight, scales, -8 * scales, None, WtGemmConfig(64, 16, block_k, decode="frag"))
+
+
+def test_frag_k_order_puts_each_k_where_the_fragment_reads_it() -> None:
+    import torch
+
+    from lmd.turbomind.kernels.w4a16_gemm_wt import frag_k_order
+
+    x = torch.arange(2 * 64, dtype=torch.float32).view(2, 64)
+    kp = torch.arange(64)
+    # kp = 32 kc + 16 a + 8 b + 2 t + c holds k = 32 kc + 8 t + 4 c + 2 a + b
+    k = (kp // 32) * 32 + 8 * ((kp // 2) % 4) + 4 * (kp % 2) + 2 * ((kp // 16) % 2) + (kp // 8) % 2
+    assert torch.equal(frag_k_order(x), x[:, k])
+    assert sorted(k.tolist()) == list(range(64))
