@@ -264,7 +264,9 @@ def resolve_plan(key: PlanKey, device: torch.device, gpu: str | None, can_tune: 
     """A GPU's plan from the on-disk cache, else from tuning (then cached), else the untuned default."""
     disk_key = None
     if gpu is not None and plan_cache.enabled():
-        disk_key = plan_cache.cache_key(gpu, key.bucket, key.n, key.k, key.group, str(key.dtype).removeprefix("torch."))
+        names = [p.name() for p in candidates(key.bucket, key.n, key.k, key.group, device)]
+        disk_key = plan_cache.cache_key(gpu, key.bucket, key.n, key.k, key.group, str(key.dtype).removeprefix("torch."),
+                                        plan_cache.candidates_fingerprint(names))
         cached = plan_cache.plan_from_json(plan_cache.load().get(disk_key, {}), PLAN_KINDS)
         if cached is not None:
             return cached

@@ -2,9 +2,11 @@
 
 Tuning one (M bucket, N, K, group, dtype) times ~250 candidate configs (seconds each); a 7B model has four linear
 shapes and a dozen buckets, minutes in all. The choice depends on the GPU, the Triton version that compiled the
-candidates and lmd's own candidate list, so those are part of the key:
+candidates and lmd's own candidate list, so those are part of the key (the list as a fingerprint of its names, so
+a new candidate is tuned for even where lmd's version number did not change):
 
-    "<gpu name>|triton <version>|lmd <version>|m<bucket> n<N> k<K> g<group> <dtype>"  ->  {"kind": ..., **fields}
+    "<gpu name>|triton <version>|lmd <version>|cands <crc32>|m<bucket> n<N> k<K> g<group> <dtype>"
+        ->  {"kind": ..., **fields}
 
 The file is `$LMD_CACHE_DIR/w4a16_plans.json` (default `~/.cache/lmd`); `LMD_W4A16_PLAN_CACHE=0` turns it off. It is
 rewritten whole through a temporary file and a rename, merged with what another process may have written meanwhile.
@@ -18,6 +20,7 @@ import dataclasses
 import json
 import os
 import tempfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -34,12 +37,18 @@ def cache_file() -> Path:
     return cache_dir() / FILE_NAME
 
 
-def cache_key(gpu: str, bucket: int, n: int, k: int, group: int, dtype: str) -> str:
+def candidates_fingerprint(names: list[str]) -> str:
+    """A short tag of the candidate list that was (or would be) tuned."""
+    return f"{zlib.crc32(chr(10).join(names).encode()):08x}"
+
+
+def cache_key(gpu: str, bucket: int, n: int, k: int, group: int, dtype: str, candidates: str) -> str:
     import triton
 
     from lmd import __version__
 
-    return f"{gpu}|triton {triton.__version__}|lmd {__version__}|m{bucket} n{n} k{k} g{group} {dtype}"
+    return (f"{gpu}|triton {triton.__version__}|lmd {__version__}|cands {candidates}|"
+            f"m{bucket} n{n} k{k} g{group} {dtype}")
 
 
 def plan_to_json(plan: Any) -> dict[str, Any]:

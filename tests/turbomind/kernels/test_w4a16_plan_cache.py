@@ -78,3 +78,11 @@ def test_cache_is_per_gpu_and_can_be_turned_off(monkeypatch) -> None:
     assert other == w4a16.default_plan(KEY.bucket, KEY.n, KEY.k, KEY.group, torch.device("cpu"))
     monkeypatch.setenv("LMD_W4A16_PLAN_CACHE", "0")
     assert _resolve(True, tuned=PLANS[0]) == (PLANS[0], 1)
+
+
+def test_a_changed_candidate_list_is_tuned_again(monkeypatch) -> None:
+    assert _resolve(True) == (PLANS[2], 1)
+    original = w4a16.candidates
+    monkeypatch.setattr(w4a16, "candidates", lambda *args: [*original(*args), PLANS[0]])  # a new candidate
+    assert _resolve(True, tuned=PLANS[0]) == (PLANS[0], 1)
+    assert _resolve(True, tuned=PLANS[1]) == (PLANS[0], 0)  # and that choice is cached under the new list
