@@ -27,7 +27,10 @@ Decoding (`decode`):
                 its nibble 2a + b + 4c to kp = 32 kc + 16 a + 8 b + 2 t + c (c = which half of the f16x2 register).
                 The same reorder of the x.T rows (reshape + permute of the loaded tile) keeps the product exact. Triton
                 then loads the packed tile from shared memory straight into the MMA layout (TTGIR: no layout
-                conversion of the decoded tile). Needs BLOCK_K and K multiples of 32.
+                conversion of the decoded tile). When BLOCK_N is a multiple of 16 per warp the rows are reordered
+                too (`frag_rows`, undone by `memory_rows` before the store), so that a thread's fragment rows are
+                consecutive in memory and the packed tile moves as 16-byte cp.async. Needs BLOCK_K and K multiples
+                of 32.
   "frag-x"      "frag" with x reordered once per call (`frag_k_order`, one copy of x) instead of per tile: for many
                 tokens, where the per-tile reorder of x.T (through shared memory) costs more than the copy.
 
@@ -55,7 +58,7 @@ class WtGemmConfig:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 1
-    decode: str = "load"  # "load", "interleave" or "asm" (module docstring)
+    decode: str = "load"  # one of DECODES (module docstring)
 
     def name(self) -> str:
         tag = {"load": "", "interleave": "-il", "asm": "-asm", "frag": "-frag", "frag-x": "-fragx"}[self.decode]
