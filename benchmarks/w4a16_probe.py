@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.kernels import copies_for, graph_time_us  # noqa: E402
 from lmd.turbomind.kernels.w4a16 import run_plan  # noqa: E402
+from lmd.turbomind.kernels.w4a16_epilogue import split_k_steps  # noqa: E402
 from lmd.turbomind.kernels.w4a16_gemm_wt import WtGemmConfig  # noqa: E402
 from lmd.turbomind.kernels.w4a16_gemv import GemvConfig  # noqa: E402
 from lmd.turbomind.kernels.w4a16_layout import quantize_to_engine, w4a16_matmul_reference  # noqa: E402
@@ -40,11 +41,9 @@ def _stream_kernel(q_ptr, out_ptr, N, K8, BLOCK_N: tl.constexpr, BLOCK_K8: tl.co
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.arange(0, BLOCK_K8)
     n_mask = offs_n < N
-    steps = tl.cdiv(K8, BLOCK_K8)
-    per_split = tl.cdiv(steps, SPLIT_K)
-    first = pid_k * per_split
+    first, last = split_k_steps(pid_k, tl.cdiv(K8, BLOCK_K8), SPLIT_K)
     acc = tl.zeros([BLOCK_K8, BLOCK_N], dtype=tl.int32)
-    for step in range(first, tl.minimum(first + per_split, steps)):
+    for step in range(first, last):
         r = step * BLOCK_K8 + rows
         acc ^= tl.load(q_ptr + r[:, None] * N + offs_n[None, :], mask=(r < K8)[:, None] & n_mask[None, :], other=0,
                        eviction_policy="evict_first")
@@ -96,14 +95,15 @@ def plans_for(m: int, k: int) -> list:
         tiles = ((64, big, 64, 1, 4, 3), (64, big, 128, 1, 4, 3), (64, 64, 128, 2, 4, 3), (64, 64, 64, 8, 4, 4),
                  (128, big, 64, 1, 8, 4), (64, big, 128, 2, 4, 3))
     for decode in ("asm", "frag", "frag-x"):
-        for bn, bmt, bk, split, warps, stages in tiles:
+        for bn, bmt, bk, split, warps, stages in dict.fromkeys(tiles):  # at M = 64 two of the tiles coincide
             out.append(WtGemmConfig(bn, bmt, bk, split, warps, stages, decode))
     return out
 
 
 def plan_rows(n: int, k: int, ms: list[int], dev: torch.device) -> list[dict]:
     qw, s, z = quantize_to_engine(torch.randn(n, k, device=dev) * 0.02, 128, torch.float16)
-    copies = copies_for(qw.numel() * 4 + 2 * s.numel() * 2)
+    weight_bytes = qw.numel() * 4 + 2 * s.numel() * 2
+    copies = copies_for(weight_bytes)
     weights = [(qw.clone(), s.clone(), z.clone()) for _ in range(copies)]
     rows = []
     for m in ms:
@@ -117,7 +117,7 @@ def plan_rows(n: int, k: int, ms: list[int], dev: torch.device) -> list[dict]:
                 rows.append(dict(n=n, k=k, m=m, plan=plan.name(), error=str(exc)[:200]))
                 continue
             rows.append(dict(n=n, k=k, m=m, plan=plan.name(), us=us, rel_err=err,
-                             tbps=(qw.numel() * 4 + 2 * s.numel() * 2) / us / 1e6))
+                             tbps=weight_bytes / us / 1e6))
     return rows
 
 

@@ -1,4 +1,5 @@
-"""Shared tail of the W4A16 kernels: bias, cast and the single-launch split-K reduction.
+"""Shared pieces of the W4A16 kernels: split-K ranges, optional masks, bias, cast and the single-launch split-K
+reduction.
 
 Split-K without a second launch or a memset: every program of a split-K tile adds its fp32 partial into a workspace
 with atomics, then bumps the tile's counter. The program that sees the counter reach SPLIT_K - 1 is the last one: it
@@ -16,6 +17,14 @@ import triton
 import triton.language as tl
 
 MAX_TILES = 1 << 16  # counters per device; one per (M tile, N tile) of a split-K launch
+
+
+@triton.jit
+def load_tile(ptrs, mask, other, UNMASKED: tl.constexpr):
+    """tl.load with the mask, or without one when the caller knows the tile is in bounds (no predicates)."""
+    if UNMASKED:
+        return tl.load(ptrs)
+    return tl.load(ptrs, mask=mask, other=other)
 
 
 @triton.jit

@@ -46,7 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lmd.turbomind.kernels.w4a16_epilogue import split_k_steps, store_tile, tile_launch_buffers
+from lmd.turbomind.kernels.w4a16_epilogue import load_tile, split_k_steps, store_tile, tile_launch_buffers
 from lmd.turbomind.kernels.w4a16_gemm import nibble_as_act
 
 
@@ -154,18 +154,12 @@ def _asm_weight_tile(qw_ptr, s_ptr, z_ptr, offs_n, n_mask, step, N, K, GROUP: tl
     by its plain-Triton twin (interpreter): the same loads and the same joins, so CI checks all but the PTX."""
     rows = step * (BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
     mask = n_mask[:, None] & (rows < K // 8)[None, :]
-    if EVEN:  # N and K fill whole tiles: no predicates (fewer instructions per step)
-        q = tl.load(qw_ptr + rows[None, :] * N + offs_n[:, None])
-    else:
-        q = tl.load(qw_ptr + rows[None, :] * N + offs_n[:, None], mask=mask, other=0)
-    if GROUP % BLOCK_K == 0 and EVEN:
+    # EVEN: N and K fill whole tiles, so no load needs predicates (fewer instructions per step)
+    q = load_tile(qw_ptr + rows[None, :] * N + offs_n[:, None], mask, 0, EVEN)
+    if GROUP % BLOCK_K == 0:
         g = (step * BLOCK_K) // GROUP
-        s = tl.broadcast_to(tl.load(s_ptr + g * N + offs_n)[:, None], q.shape)
-        z = tl.broadcast_to(tl.load(z_ptr + g * N + offs_n)[:, None], q.shape)
-    elif GROUP % BLOCK_K == 0:
-        g = (step * BLOCK_K) // GROUP
-        s = tl.broadcast_to(tl.load(s_ptr + g * N + offs_n, mask=n_mask, other=0.0)[:, None], q.shape)
-        z = tl.broadcast_to(tl.load(z_ptr + g * N + offs_n, mask=n_mask, other=0.0)[:, None], q.shape)
+        s = tl.broadcast_to(load_tile(s_ptr + g * N + offs_n, n_mask, 0.0, EVEN)[:, None], q.shape)
+        z = tl.broadcast_to(load_tile(z_ptr + g * N + offs_n, n_mask, 0.0, EVEN)[:, None], q.shape)
     else:
         sz_off = ((rows * 8) // GROUP)[None, :] * N + offs_n[:, None]
         s = tl.load(s_ptr + sz_off, mask=mask, other=0.0)
@@ -244,11 +238,9 @@ def _wt_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, 
                 s = tl.load(s_ptr + sz_off, mask=sz_mask, other=0.0).to(dtype)
                 z = tl.load(z_ptr + sz_off, mask=sz_mask, other=0.0).to(dtype)
             w = codes * s + z
-        if EVEN:
-            xt = tl.load(x_ptr + offs_m[None, :] * K + ks[:, None], mask=m_mask[None, :], other=0.0)
-        else:
-            xt = tl.load(x_ptr + offs_m[None, :] * K + ks[:, None], mask=k_mask[:, None] & m_mask[None, :],
-                         other=0.0)
+        # rows past M stay masked even on whole tiles
+        x_mask = m_mask[None, :] if EVEN else k_mask[:, None] & m_mask[None, :]
+        xt = tl.load(x_ptr + offs_m[None, :] * K + ks[:, None], mask=x_mask, other=0.0)
         if DECODE == 3:  # rows into the weights' fragment order: k = 32 kc + 8 t + 4 c + 2 a + b -> kp (see above)
             xt = tl.reshape(xt, (BLOCK_K // 32, 4, 2, 2, 2, BLOCK_M))
             xt = tl.reshape(tl.permute(xt, (0, 3, 4, 1, 2, 5)), (BLOCK_K, BLOCK_M))

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lmd.turbomind.kernels.w4a16_epilogue import SplitKWorkspace, split_k_steps, store_tile
+from lmd.turbomind.kernels.w4a16_epilogue import SplitKWorkspace, load_tile, split_k_steps, store_tile
 
 
 @dataclass(frozen=True)
@@ -54,28 +54,19 @@ def nibble_as_unit_float(q, i: tl.constexpr):
     return ((t & 0x00780000) | 0x3F800000).to(tl.float32, bitcast=True)
 
 
-# $0..$7: 1 + c_i / 16 as fp32 bits for the 8 nibbles of word $8: a shift and one lop3 ((t & mask) | 1.0f) each.
-# Triton's `(t & mask) | one` becomes two LOP3s in SASS (a LOP3 takes one immediate); here `one` sits in a register.
-UNIT_FLOATS_PTX = tl.constexpr("""{
-.reg .b32 t, one;
-mov.b32 one, 0x3F800000;
-shl.b32 t, $8, 19;
-lop3.b32 $0, t, 0x00780000, one, 0xEA;
-shl.b32 t, $8, 15;
-lop3.b32 $1, t, 0x00780000, one, 0xEA;
-shl.b32 t, $8, 11;
-lop3.b32 $2, t, 0x00780000, one, 0xEA;
-shl.b32 t, $8, 7;
-lop3.b32 $3, t, 0x00780000, one, 0xEA;
-shl.b32 t, $8, 3;
-lop3.b32 $4, t, 0x00780000, one, 0xEA;
-shr.u32 t, $8, 1;
-lop3.b32 $5, t, 0x00780000, one, 0xEA;
-shr.u32 t, $8, 5;
-lop3.b32 $6, t, 0x00780000, one, 0xEA;
-shr.u32 t, $8, 9;
-lop3.b32 $7, t, 0x00780000, one, 0xEA;
-}""")
+def _unit_floats_ptx() -> str:
+    """$0..$7: 1 + c_i / 16 as fp32 bits for the 8 nibbles of word $8, each a shift (nibble i to bits 19..22, as in
+    nibble_as_unit_float) and one lop3 ((t & mask) | 1.0f). Triton's `(t & mask) | one` becomes two LOP3s in SASS (a
+    LOP3 takes one immediate); here `one` sits in a register."""
+    lines = ["{", ".reg .b32 t, one;", "mov.b32 one, 0x3F800000;"]
+    for i in range(8):
+        shift = 19 - 4 * i
+        lines.append(f"shl.b32 t, $8, {shift};" if shift >= 0 else f"shr.u32 t, $8, {-shift};")
+        lines.append(f"lop3.b32 ${i}, t, 0x00780000, one, 0xEA;")
+    return "\n".join([*lines, "}"])
+
+
+UNIT_FLOATS_PTX = tl.constexpr(_unit_floats_ptx())
 
 
 @triton.jit
@@ -101,10 +92,7 @@ def _packed_rows(qw_ptr, rows, offs_n, n_mask, N, row_end):
 
 @triton.jit
 def _row_step(x_ptr, x_off, x_mask, f, i: tl.constexpr, dot, xs, EVEN_K: tl.constexpr):
-    if EVEN_K:
-        xi = tl.load(x_ptr + x_off + i).to(tl.float32)
-    else:
-        xi = tl.load(x_ptr + x_off + i, mask=x_mask, other=0.0).to(tl.float32)
+    xi = load_tile(x_ptr + x_off + i, x_mask, 0.0, EVEN_K).to(tl.float32)
     return dot + xi[:, None] * f, xs + xi
 
 
