@@ -219,14 +219,15 @@ def _compile_all(plans: list[Plan], x: torch.Tensor, qweight: torch.Tensor, scal
     torch.cuda.synchronize(qweight.device)
 
 
-def tune(bucket: int, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-         dtype: torch.dtype) -> tuple[Plan, list[tuple[str, float]]]:
-    """Time every candidate at M = bucket on random activations; returns the fastest and all timings (ms)."""
+def tune(bucket: int, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, dtype: torch.dtype,
+         plans: list[Plan] | None = None) -> tuple[Plan, list[tuple[str, float]]]:
+    """Time every candidate (`plans`, default `candidates`) at M = bucket on random activations; returns the fastest
+    and all timings (ms)."""
     k = qweight.shape[0] * 8
     n = qweight.shape[1]
     x = torch.randn(bucket, k, dtype=dtype, device=qweight.device)
     flush = torch.empty(256 << 20, dtype=torch.uint8, device=qweight.device)
-    plans = candidates(bucket, n, k, k // scales.shape[0], qweight.device)
+    plans = plans if plans is not None else candidates(bucket, n, k, k // scales.shape[0], qweight.device)
     _compile_all(plans, x, qweight, scales, zeros)
     timings: list[tuple[Plan, float]] = []
     for plan in plans:
@@ -254,25 +255,29 @@ def plan_for(m: int, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.T
         gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
         can_tune = (gpu is not None and not torch.cuda.is_current_stream_capturing()
                     and os.environ.get("LMD_W4A16_AUTOTUNE", "1") != "0")
-        plan = resolve_plan(key, device, gpu, can_tune, lambda: tune(key.bucket, qweight, scales, zeros, dtype))
+        plan = resolve_plan(key, device, gpu, can_tune,
+                            lambda plans: tune(key.bucket, qweight, scales, zeros, dtype, plans))
         _PLANS[key] = plan
     return plan
 
 
 def resolve_plan(key: PlanKey, device: torch.device, gpu: str | None, can_tune: bool,
-                 tune_fn: Callable[[], tuple[Plan, list[tuple[str, float]]]]) -> Plan:
-    """A GPU's plan from the on-disk cache, else from tuning (then cached), else the untuned default."""
+                 tune_fn: Callable[[list[Plan]], tuple[Plan, list[tuple[str, float]]]]) -> Plan:
+    """A GPU's plan from the on-disk cache, else from tuning the candidates (then cached under a fingerprint of that
+    same list), else the untuned default."""
+    if gpu is None:
+        return default_plan(key.bucket, key.n, key.k, key.group, device)
+    plans = candidates(key.bucket, key.n, key.k, key.group, device)
     disk_key = None
-    if gpu is not None and plan_cache.enabled():
-        names = [p.name() for p in candidates(key.bucket, key.n, key.k, key.group, device)]
+    if plan_cache.enabled():
         disk_key = plan_cache.cache_key(gpu, key.bucket, key.n, key.k, key.group, str(key.dtype).removeprefix("torch."),
-                                        plan_cache.candidates_fingerprint(names))
+                                        plan_cache.candidates_fingerprint([p.name() for p in plans]))
         cached = plan_cache.plan_from_json(plan_cache.load().get(disk_key, {}), PLAN_KINDS)
         if cached is not None:
             return cached
     if not can_tune:
         return default_plan(key.bucket, key.n, key.k, key.group, device)
-    plan, TUNE_LOG[key] = tune_fn()
+    plan, TUNE_LOG[key] = tune_fn(plans)
     if disk_key is not None:
         plan_cache.store(disk_key, plan)
     return plan

@@ -39,7 +39,8 @@ def cache_file() -> Path:
 
 def candidates_fingerprint(names: list[str]) -> str:
     """A short tag of the candidate list that was (or would be) tuned."""
-    return f"{zlib.crc32(chr(10).join(names).encode()):08x}"
+    crc = zlib.crc32("\n".join(names).encode())
+    return f"{crc:08x}"
 
 
 def cache_key(gpu: str, bucket: int, n: int, k: int, group: int, dtype: str, candidates: str) -> str:

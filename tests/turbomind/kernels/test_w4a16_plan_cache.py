@@ -58,7 +58,8 @@ def test_corrupt_file_reads_as_empty_and_is_rewritten() -> None:
 def _resolve(can_tune: bool, tuned=PLANS[2]):
     calls = []
 
-    def tune_fn():
+    def tune_fn(plans):
+        assert plans == w4a16.candidates(KEY.bucket, KEY.n, KEY.k, KEY.group, torch.device("cpu"))
         calls.append(1)
         return tuned, [(tuned.name(), 0.01)]
 
@@ -74,7 +75,7 @@ def test_tuned_plan_is_stored_and_reused_without_tuning() -> None:
 
 def test_cache_is_per_gpu_and_can_be_turned_off(monkeypatch) -> None:
     _resolve(True)
-    other = w4a16.resolve_plan(KEY, torch.device("cpu"), "NVIDIA A100", False, lambda: pytest.fail("tuned"))
+    other = w4a16.resolve_plan(KEY, torch.device("cpu"), "NVIDIA A100", False, lambda plans: pytest.fail("tuned"))
     assert other == w4a16.default_plan(KEY.bucket, KEY.n, KEY.k, KEY.group, torch.device("cpu"))
     monkeypatch.setenv("LMD_W4A16_PLAN_CACHE", "0")
     assert _resolve(True, tuned=PLANS[0]) == (PLANS[0], 1)
