@@ -94,7 +94,7 @@ class AwqConfig:
     @property
     def calibrated(self) -> bool:
         """Whether the method reads activations (plain RTN does not)."""
-        return self.method != "rtn"
+        return self.search_scale or self.clip or self.rounding.needs_hessian
 
 
 @dataclass(frozen=True)
@@ -147,9 +147,10 @@ def quantize_model(
                 keep_gram=config.rounding.needs_hessian,
             )
             results = _scale_block(layer, arch, block, config) if config.search_scale else ()
+            # refine/gptq approximate the weights as they were before clipping (without clipping: the weights)
             targets = (
                 {path: get_module(layer, path).weight.detach().clone() for path in arch.linears}
-                if config.rounding.needs_hessian
+                if config.rounding.needs_hessian and config.clip
                 else None
             )
             if config.clip:

@@ -4,6 +4,7 @@ import torch
 
 from lmd.lite.awq_clip import N_GRID, SHRINK_STEPS, apply_clip, apply_clip_range, search_clip, search_clip_asymmetric
 from lmd.lite.quantizer import fake_quantize_groups
+from tests.lite.test_awq_refine import _group_errors
 
 
 def _brute_force(w: torch.Tensor, x: torch.Tensor, g: int) -> torch.Tensor:
@@ -41,12 +42,6 @@ def test_apply_clip_clamps_each_group_to_its_limit():
     assert w[0, 0].abs().max() <= 0.5 and w[0, 1].abs().max() <= 0.25 and w[1, 1].abs().max() <= 0.1
 
 
-def _partial_output_error(w: torch.Tensor, deq: torch.Tensor, x: torch.Tensor, g: int) -> torch.Tensor:
-    out, inp = w.shape
-    d, xg = (deq - w).view(out, inp // g, g), x.view(-1, inp // g, g)
-    return torch.einsum("ogk,tgk->otg", d, xg).pow(2).mean(1)
-
-
 def test_asymmetric_clip_is_the_best_pair_and_never_worse_than_symmetric():
     generator = torch.Generator().manual_seed(1)
     w = torch.randn(64, 128, generator=generator) * 0.02
@@ -59,7 +54,7 @@ def test_asymmetric_clip_is_the_best_pair_and_never_worse_than_symmetric():
 
     def error(lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
         clipped = torch.clamp(wg, lo.unsqueeze(-1), hi.unsqueeze(-1))
-        return _partial_output_error(w, fake_quantize_groups(clipped).view(64, 128), x, 32)
+        return _group_errors(w, fake_quantize_groups(clipped).view(64, 128), x, 32)
 
     best = error(low, high)
     for top in range(SHRINK_STEPS):  # brute force over the same grid, re-running the tokens
