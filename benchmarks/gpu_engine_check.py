@@ -1,11 +1,14 @@
-"""The engine on a GPU with each attention path: do the Triton kernels give the reference path's tokens? (CUDA only)
+"""The engine on a GPU with each attention path: do the Triton kernels give the reference path's tokens, and do the
+captured decode graphs give the uncaptured steps' tokens? (CUDA only)
 
     python3 benchmarks/gpu_engine_check.py [--prompts 16] [--new-tokens 48]
 
 A random-weight Llama of a small GQA shape (benchmarks/engine.py writes the workspace, fp16 and AWQ int4 g128), the
 same random prompts (lengths 16..600, so prefill chunks, decode and a CUDA-graph batch all run) generated greedily
-with LMD_ATTENTION=reference and LMD_ATTENTION=triton, one engine after the other. Reports the share of requests whose
-tokens are identical, the first differing position otherwise, and the wall time of each run. Writes
+with LMD_ATTENTION=reference, LMD_ATTENTION=triton without decode graphs (cuda_graph=False) and with them (the
+default), one engine after the other. Reports the share of requests whose tokens are identical to the reference's
+and to the uncaptured Triton run's, the first differing position otherwise, the wall time of each run and the
+engine start of the graph run (capture included). Writes
 $OUT/gpu_engine_check.json when OUT is set. W4A16 runs its untuned default plans (LMD_W4A16_AUTOTUNE=0: this checks
 tokens, not speed, and tuning every shape would take minutes). Prints a table last; exits 1 when fewer than 90 % of
 requests match (greedy decoding of random weights has near-ties, so a rare late divergence is rounding, not a bug).
@@ -34,17 +37,29 @@ from lmd.turbomind.gen_config import GenerationConfig  # noqa: E402
 SHAPE = dict(zip(SHAPE_KEYS, (1024, 2816, 4, 16, 4), strict=True), vocab_size=4000)  # head_dim 64, GQA 4
 
 
-def generate_all(ws: Path, attention: str, prompts: list[list[int]], new_tokens: int,
-                 device: torch.device) -> tuple[list[list[int]], float]:
+def generate_all(ws: Path, attention: str, prompts: list[list[int]], new_tokens: int, device: torch.device,
+                 cuda_graph: bool = False) -> tuple[list[list[int]], float, float, bool]:
+    """-> (tokens per prompt, seconds for all prompts, engine start seconds, whether decode graphs were on)."""
     os.environ["LMD_ATTENTION"] = attention
     gen = GenerationConfig(max_new_tokens=new_tokens, top_k=1, ignore_eos=True)
     dtype = "fp16" if device.type == "cuda" else "fp32"
-    with Engine(ws, device=str(device), dtype=dtype, max_batch_size=16, session_len=1024) as engine:
+    start = time.perf_counter()
+    with Engine(ws, device=str(device), dtype=dtype, max_batch_size=16, session_len=1024,
+                cuda_graph=cuda_graph) as engine:
+        started = time.perf_counter() - start
+        graphs = engine.runner.graphs is not None
         engine.generate(prompts[0][:8], gen, request_id="warm").result()
         start = time.perf_counter()
         streams = [engine.generate(p, gen, request_id=i) for i, p in enumerate(prompts)]
         out = [s.result().token_ids for s in streams]
-        return out, time.perf_counter() - start
+        return out, time.perf_counter() - start, started, graphs
+
+
+def compare(a: list[list[int]], b: list[list[int]]) -> tuple[int, list[int]]:
+    """(identical requests, first differing token index of the others)."""
+    diffs = [next((i for i, (x, y) in enumerate(zip(p, q, strict=True)) if x != y), None)
+             for p, q in zip(a, b, strict=True)]
+    return sum(d is None for d in diffs), [d for d in diffs if d is not None]
 
 
 def main() -> int:
@@ -64,23 +79,26 @@ def main() -> int:
             ws = build_workspace(Path(tmp, weights), SHAPE, weights == "int4", 1024, dev)
             if weights == "int4" and dev.type == "cuda":
                 prewarm_int4(ws, 1024, dev)
-            ref, t_ref = generate_all(ws, "reference", prompts, args.new_tokens, dev)
-            tri, t_tri = generate_all(ws, "triton", prompts, args.new_tokens, dev)
-            same = sum(a == b for a, b in zip(ref, tri, strict=True))
-            first_diff = [next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), None)
-                          for a, b in zip(ref, tri, strict=True)]
-            ok = same >= 0.9 * len(prompts)
+            ref, t_ref, _, _ = generate_all(ws, "reference", prompts, args.new_tokens, dev)
+            tri, t_tri, _, _ = generate_all(ws, "triton", prompts, args.new_tokens, dev)
+            grf, t_grf, start_grf, graphs = generate_all(ws, "triton", prompts, args.new_tokens, dev, cuda_graph=True)
+            same, first_diff = compare(ref, tri)
+            same_graph, graph_diff = compare(tri, grf)
+            ok = same >= 0.9 * len(prompts) and same_graph >= 0.9 * len(prompts) and (graphs or dev.type != "cuda")
             failures += not ok
-            rows.append(dict(weights=weights, requests=len(prompts), identical=same, ok=ok,
-                             first_diff=[d for d in first_diff if d is not None], reference_s=t_ref, triton_s=t_tri))
+            rows.append(dict(weights=weights, requests=len(prompts), identical=same, ok=ok, first_diff=first_diff,
+                             reference_s=t_ref, triton_s=t_tri, graphs_on=graphs, graph_identical=same_graph,
+                             graph_first_diff=graph_diff, graph_s=t_grf, graph_engine_start_s=start_grf))
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "gpu_engine_check.json").write_text(json.dumps(rows, indent=1))
     gpu = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
     print(f"\n{gpu}, {args.prompts} prompts (16..600 tokens) x {args.new_tokens} greedy tokens")
-    print(f"{'weights':8} {'identical':>10} {'first diffs':>20} {'reference s':>12} {'triton s':>9}")
+    print(f"{'weights':8} {'=ref':>8} {'first diffs':>16} {'graph=triton':>13} {'reference s':>12} {'triton s':>9} "
+          f"{'graphs s':>9} {'capture+start s':>16}")
     for r in rows:
-        print(f"{r['weights']:8} {r['identical']:>4}/{r['requests']:<5} {str(r['first_diff'][:6]):>20} "
-              f"{r['reference_s']:12.2f} {r['triton_s']:9.2f}")
+        print(f"{r['weights']:8} {r['identical']:>3}/{r['requests']:<4} {str(r['first_diff'][:4]):>16} "
+              f"{r['graph_identical']:>7}/{r['requests']:<5} {r['reference_s']:12.2f} {r['triton_s']:9.2f} "
+              f"{r['graph_s']:9.2f} {r['graph_engine_start_s']:16.2f}{'' if r['graphs_on'] else ' (graphs off!)'}")
     return 1 if failures else 0
 
 

@@ -84,6 +84,7 @@ class EngineConfig:
     dtype: str = "auto"  # not in config.ini: "auto" keeps the workspace's compute dtype; else fp32/fp16/bf16
     tp: int = 1  # not in config.ini: processes to run the ranks in; 1 merges a tp > 1 workspace into one process
     tp_rank: int = 0  # set by the engine for each rank's process
+    cuda_graph: bool = True  # not in config.ini: replay captured CUDA graphs for decode steps (CUDA, tp = 1)
 
     def __post_init__(self) -> None:
         positive = ("session_len", "max_batch_size", "max_context_token_num", "step_length", "cache_block_seq_len")
@@ -102,7 +103,7 @@ class EngineConfig:
             raise LmdError(f"dtype={self.dtype!r} is unknown; use auto, fp32, fp16 or bf16")
 
 
-_ENGINE_INI_KEYS = {f.name for f in fields(EngineConfig)} - {"device", "dtype", "tp", "tp_rank"}
+_ENGINE_INI_KEYS = {f.name for f in fields(EngineConfig)} - {"device", "dtype", "tp", "tp_rank", "cuda_graph"}
 
 
 def read_config_ini(path: Path, overrides: dict[str, Any] | None = None) -> tuple[ModelConfig, EngineConfig]:

@@ -23,6 +23,7 @@ class ForwardBatch:
     ctx_lens: tuple[int, ...]
     block_tables: tuple[torch.Tensor, ...]  # each [ceil(ctx_len / block_size)] int64
     logit_indices: torch.Tensor  # [R] rows of the flat batch whose logits are wanted
+    attention_meta: object | None = None  # prebuilt device metadata of the attention kernels (decode graphs)
 
     @property
     def num_tokens(self) -> int:

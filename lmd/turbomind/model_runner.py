@@ -13,6 +13,7 @@ import torch
 
 from lmd.errors import LmdError
 from lmd.turbomind.config import EngineConfig, ModelConfig
+from lmd.turbomind.decode_graph import DecodeGraphs
 from lmd.turbomind.forward_batch import ForwardBatch
 from lmd.turbomind.kv_cache import KVCache, block_bytes, plan_num_blocks
 from lmd.turbomind.kv_int8 import StaticKVParams
@@ -112,12 +113,36 @@ class ModelRunner:
         num_blocks = plan_num_blocks(engine_cfg.cache_max_entry_count, self.bytes_per_block, self.device, max_useful)
         if self.tp > 1:  # every rank must hold every block the driver hands out
             num_blocks = all_reduce_min(num_blocks, self.device)
-        self.cache = KVCache(model_cfg.num_layer, num_blocks, self.block_size, kv_heads, model_cfg.size_per_head,
-                             self.dtype, self.device, int8, static)
+        # decode graphs pad batches with rows that write into one scratch block past the ones handed out
+        self._scratch = 1 if engine_cfg.cuda_graph and self.tp == 1 else 0
+        self.cache = KVCache(model_cfg.num_layer, num_blocks + self._scratch, self.block_size, kv_heads,
+                             model_cfg.size_per_head, self.dtype, self.device, int8, static)
+        self.graphs: DecodeGraphs | None = None
+        self._max_batch, self._session_len = engine_cfg.max_batch_size, engine_cfg.session_len
+        if self._scratch and self.device.type == "cuda" and self._graphs_supported(engine_cfg):
+            self.enable_decode_graphs(capture=True)
+
+    def _graphs_supported(self, engine_cfg: EngineConfig) -> bool:
+        """Captured steps must run the Triton attention (the reference path loops over host-side lengths)."""
+        from lmd.turbomind.paged_attention import _triton_kernel, _triton_requested
+
+        heads = self.model.layers[0].attention.q_heads
+        q = torch.empty(1, heads, self.model.cfg.size_per_head, dtype=self.dtype, device=self.device)
+        kernel = _triton_kernel()
+        return (engine_cfg.use_context_fmha and _triton_requested(q) and kernel is not None
+                and kernel[1](q, self.cache) is None)
+
+    def enable_decode_graphs(self, capture: bool) -> None:
+        """Run decode steps on the static buffers of `DecodeGraphs` (capture=False: eagerly, e.g. on CPU)."""
+        if not self._scratch:
+            raise LmdError("decode graphs need the scratch block: cuda_graph=True and tp=1")
+        self.graphs = DecodeGraphs(self.model, self.cache, self.cache.num_blocks - 1, self._max_batch,
+                                   self._session_len, self.device, capture)
+        self.graphs.capture_all()  # at start, as vLLM does: the first step of each batch size is not slowed
 
     @property
     def num_blocks(self) -> int:
-        return self.cache.num_blocks
+        return self.cache.num_blocks - self._scratch
 
     def run(self, output: SchedulerOutput) -> torch.Tensor:
         """fp32 logits [number of chunks that need logits, vocab], in chunk order."""
@@ -127,6 +152,8 @@ class ModelRunner:
             end += len(chunk.token_ids)
             if chunk.needs_logits:
                 rows.append(end - 1)
+        if self.graphs is not None and len(rows) == len(chunks) and self.graphs.fits(chunks):
+            return self.graphs.run(chunks)
         return self.run_chunks(chunks, rows)
 
     def run_chunks(self, chunks: list[tuple[list[int], int, list[int]]], rows: list[int]) -> torch.Tensor:

@@ -90,6 +90,8 @@ _last_batch: tuple[weakref.ref, _BatchMeta] | None = None
 def _batch_meta(batch: ForwardBatch, device: torch.device) -> _BatchMeta:
     """Built once per batch (every layer of a forward passes the same ForwardBatch object)."""
     global _last_batch
+    if isinstance(batch.attention_meta, _BatchMeta):  # static buffers of a decode graph
+        return batch.attention_meta
     if _last_batch is not None and _last_batch[0]() is batch:
         return _last_batch[1]
     decode = [i for i, n in enumerate(batch.q_lens) if n == 1]

@@ -1,0 +1,136 @@
+"""CUDA graphs of the decode step: every sequence of the batch adds one token.
+
+A decode step of a small model is mostly kernel launches from Python; replaying a captured graph removes them. One
+graph per batch-size bucket (1, 2, 4, ... up to max_batch_size); a batch runs in the smallest bucket that holds it,
+the rows past its size padded. Everything a step reads lives in static device buffers that the graph was captured
+on, refilled before each replay:
+
+    input_ids, positions, slots, seq_lens   [B]          int64
+    seq_info                                [B, 3]       int32   (row, 1, context length): the attention's metadata
+    tables                                  [B, blocks]  int32   block tables, zero-padded
+    decode_tiles                            [B, 2]       int32   (row, 0), fixed
+
+Padding rows write their K/V into a scratch block the block manager never hands out (the runner allocates one block
+more than it reports) and attend to that one key; their logits are dropped. The attention kernels split each
+sequence's context by its own length at run time, so one capture with the split count of the longest context serves
+every length.
+
+Without capture (`capture=False`: the CPU tests) the same buffers run the model eagerly, so the padding, the
+scratch block and the metadata are checked where no GPU is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from lmd.turbomind.forward_batch import ForwardBatch
+from lmd.turbomind.kernels.paged_attention import _BatchMeta
+from lmd.turbomind.kv_cache import KVCache
+from lmd.turbomind.model import LlamaModel
+
+
+def batch_buckets(max_batch: int) -> list[int]:
+    """1, 2, 4, ... below max_batch, then max_batch itself."""
+    out, b = [], 1
+    while b < max_batch:
+        out.append(b)
+        b *= 2
+    return [*out, max_batch]
+
+
+class DecodeGraphs:
+    def __init__(self, model: LlamaModel, cache: KVCache, scratch_block: int, max_batch: int, max_context: int,
+                 device: torch.device, capture: bool) -> None:
+        self.model, self.cache, self.device, self.capture = model, cache, device, capture
+        self.block_size = cache.block_size
+        self.scratch_slot = scratch_block * self.block_size
+        self.max_context = max_context
+        self.buckets = batch_buckets(max_batch)
+        b, blocks = self.buckets[-1], -(-max_context // self.block_size)
+        self.input_ids = torch.zeros(b, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(b, dtype=torch.int64, device=device)
+        self.slots = torch.full((b,), self.scratch_slot, dtype=torch.int64, device=device)
+        self.seq_lens = torch.ones(b, dtype=torch.int64, device=device)
+        rows = torch.arange(b, dtype=torch.int32, device=device)
+        self.seq_info = torch.stack([rows, torch.ones_like(rows), torch.ones_like(rows)], dim=1).contiguous()
+        self.decode_tiles = torch.stack([rows, torch.zeros_like(rows)], dim=1).contiguous()
+        self.tables = torch.full((b, blocks), scratch_block, dtype=torch.int32, device=device)
+        self.logit_rows = torch.arange(b, dtype=torch.int64, device=device)
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+
+    def fits(self, chunks: Sequence[tuple[list[int], int, list[int]]]) -> bool:
+        """Decode-only, within the largest bucket and the captured context length."""
+        return (0 < len(chunks) <= self.buckets[-1]
+                and all(len(ids) == 1 and start < self.max_context for ids, start, _ in chunks))
+
+    def bucket(self, n: int) -> int:
+        return next(b for b in self.buckets if b >= n)
+
+    @torch.inference_mode()
+    def run(self, chunks: Sequence[tuple[list[int], int, list[int]]]) -> torch.Tensor:
+        """fp32 logits [len(chunks), vocab] of one decode step (chunks: (one token id, start, block table))."""
+        n, b = len(chunks), self.bucket(len(chunks))
+        self._fill(chunks, b)
+        if not self.capture:
+            return self.model.forward(self._batch(b, [start + 1 for _, start, _ in chunks]), self.cache)[:n]
+        if b not in self.graphs:
+            self.graphs[b] = self._capture(b)
+        graph, logits = self.graphs[b]
+        graph.replay()
+        return logits[:n].clone()
+
+    @torch.inference_mode()
+    def capture_all(self) -> None:
+        """Capture every bucket now (largest first: the smaller graphs reuse its memory pool)."""
+        if self.capture:
+            for b in reversed(self.buckets):
+                if b not in self.graphs:
+                    self._fill([], b)
+                    self.graphs[b] = self._capture(b)
+
+    def _fill(self, chunks: Sequence[tuple[list[int], int, list[int]]], b: int) -> None:
+        n = len(chunks)
+        ids, positions, slots, lens, table_rows = [], [], [], [], []
+        width = self.tables.shape[1]
+        for (token_ids, start, table) in chunks:
+            ids.append(token_ids[0])
+            positions.append(start)
+            slots.append(table[start // self.block_size] * self.block_size + start % self.block_size)
+            lens.append(start + 1)
+            used = table[: -(-(start + 1) // self.block_size)]
+            table_rows.append(used + [0] * (width - len(used)))
+        pad = b - n  # rows n .. b-1: the scratch slot, one key
+        host = torch.tensor([ids + [0] * pad, positions + [0] * pad, slots + [self.scratch_slot] * pad,
+                             lens + [1] * pad], dtype=torch.int64)
+        self.input_ids[:b].copy_(host[0], non_blocking=True)
+        self.positions[:b].copy_(host[1], non_blocking=True)
+        self.slots[:b].copy_(host[2], non_blocking=True)
+        self.seq_lens[:b].copy_(host[3], non_blocking=True)
+        self.seq_info[:b, 2].copy_(host[3].to(torch.int32), non_blocking=True)
+        scratch = self.scratch_slot // self.block_size
+        rows = torch.tensor(table_rows + [[scratch] + [0] * (width - 1)] * pad, dtype=torch.int32).view(b, width)
+        self.tables[:b].copy_(rows, non_blocking=True)
+
+    def _batch(self, b: int, ctx_lens: list[int]) -> ForwardBatch:
+        """The static buffers' first b rows as a ForwardBatch. The host tuples describe the same rows for the
+        reference attention (eager runs); the Triton attention reads `attention_meta` instead."""
+        ctx = ctx_lens + [1] * (b - len(ctx_lens))
+        tables = tuple(self.tables[i, : -(-c // self.block_size)].long() for i, c in enumerate(ctx))
+        meta = _BatchMeta(self.seq_info[:b], self.decode_tiles[:b], self.tables[:b], self.max_context, [])
+        return ForwardBatch(self.input_ids[:b], self.positions[:b], self.slots[:b], self.seq_lens[:b],
+                            tuple(range(b)), (1,) * b, tuple(ctx), tables, self.logit_rows[:b], meta)
+
+    def _capture(self, b: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        batch = self._batch(b, [1] * b)  # the host tuples are not read by the captured (Triton) path
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            self.model.forward(batch, self.cache)  # warm-up: compiles kernels, tunes W4A16 plans, grows workspaces
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        pool = next(iter(self.graphs.values()))[0].pool() if self.graphs else None
+        with torch.cuda.graph(graph, pool=pool):
+            logits = self.model.forward(batch, self.cache)
+        return graph, logits
