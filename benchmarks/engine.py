@@ -1,6 +1,6 @@
 """Engine throughput and latency on a random-weight Llama-2-7B-shaped workspace, fp16 and int4 (a CUDA machine).
 
-    python3 benchmarks/engine.py [--weights fp16,int4] [--num-prompts 256] [--concurrency 64] [--batch-sizes 1,8,64]
+    python3 benchmarks/engine.py [--weights fp16,int4] [--cuda-graph on,off] [--num-prompts 256] [--concurrency 64]
     python3 benchmarks/engine.py --tiny        # a tiny model on CPU: runs every step of the script in seconds
 
 No checkpoint and no network: each workspace is written by lmd's own deploy writer (`write_weights`) from a reader
@@ -134,7 +134,7 @@ def prewarm_int4(ws: Path, max_m: int, device: torch.device) -> None:
         prewarm(n, k, GROUP, torch.float16, device, max_m)
 
 
-def run_one(label: str, ws: Path, args: argparse.Namespace, device: torch.device) -> dict:
+def run_one(label: str, ws: Path, args: argparse.Namespace, device: torch.device, cuda_graph: bool) -> dict:
     from lmd.turbomind.engine import Engine
 
     engine_options = dict(
@@ -143,13 +143,13 @@ def run_one(label: str, ws: Path, args: argparse.Namespace, device: torch.device
         max_batch_size=max(args.concurrency, max(args.batch_sizes)),
         session_len=args.session_len,
         max_context_token_num=args.max_context_token_num,
+        cuda_graph=cuda_graph,
     )
-    result: dict = {"weights": label}
+    result: dict = {"weights": label, "cuda_graph": cuda_graph}
     start = time.perf_counter()
-    if label == "int4" and device.type == "cuda":
-        prewarm_int4(ws, args.max_context_token_num, device)
-    result["prewarm_s"] = time.perf_counter() - start
     with Engine(ws, **engine_options) as engine:
+        result["engine_start_s"] = time.perf_counter() - start
+        result["decode_graphs"] = engine.runner.graphs is not None  # off on CPU whatever was asked
         facts = {"kv_blocks": engine.runner.num_blocks, "engine_options": engine_options}
         vocab = engine.workspace.model.vocab_size
         warm = random_requests(min(args.concurrency, args.num_prompts), args.input_len, 4, vocab, seed=10**6)
@@ -198,6 +198,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-context-token-num", type=int, default=2048, help="prefill tokens per engine step")
     p.add_argument("--device", default=None, help="default cuda (tiny: cpu)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cuda-graph", default="on", help="comma list of on, off: decode steps as CUDA graphs or eager")
+    p.add_argument(
+        "--tune-max-m",
+        type=int,
+        help="tune int4 plans up to this M bucket (default: the prefill budget); larger M runs the untuned default plan",
+    )
     args = p.parse_args(argv)
     big = not args.tiny
     defaults = dict(
@@ -213,33 +219,43 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             setattr(args, key, value)
     args.batch_sizes = [int(b) for b in str(args.batch_sizes).split(",")]
     args.weights = args.weights.split(",")
+    modes = {"on": True, "off": False}
+    if any(m not in modes for m in args.cuda_graph.split(",")):
+        raise SystemExit(f"--cuda-graph {args.cuda_graph}: use a comma list of on, off")
+    args.cuda_graph = [modes[m] for m in args.cuda_graph.split(",")]
     if args.tiny:
         args.session_len, args.max_context_token_num = min(args.session_len, 256), min(args.max_context_token_num, 64)
+    if args.tune_max_m is None:
+        args.tune_max_m = args.max_context_token_num
     args.dtype = "fp32" if torch.device(args.device).type == "cpu" else "auto"  # CPU matmuls want fp32
     return args
+
+
+def run_label(r: dict) -> str:
+    return r["weights"] + (" graphs" if r["decode_graphs"] else " eager")
 
 
 def print_summary(results: list[dict], title: str) -> None:
     print(f"\n{title}")
     print(
-        f"{'weights':8s} {'req/s':>8s} {'in tok/s':>10s} {'out tok/s':>10s} {'TTFT p50 ms':>12s} "
+        f"{'weights':11s} {'req/s':>8s} {'in tok/s':>10s} {'out tok/s':>10s} {'TTFT p50 ms':>12s} "
         f"{'TTFT p99 ms':>12s} {'TPOT p50 ms':>12s} {'preempt':>8s}"
     )
     for r in results:
         t = r["throughput"]
         print(
-            f"{r['weights']:8s} {t['requests_per_s']:8.2f} {t['input_tokens_per_s']:10.1f} "
+            f"{run_label(r):11s} {t['requests_per_s']:8.2f} {t['input_tokens_per_s']:10.1f} "
             f"{t['output_tokens_per_s']:10.1f} {t['ttft_ms']['median']:12.1f} {t['ttft_ms']['p99']:12.1f} "
             f"{t['tpot_ms']['median']:12.2f} {t['engine']['preemptions']:8d}"
         )
     print(
-        f"\n{'weights':8s} {'batch':>6s} {'TTFT ms':>9s} {'decode ms/tok':>14s} {'ITL p99 ms':>11s} "
+        f"\n{'weights':11s} {'batch':>6s} {'TTFT ms':>9s} {'decode ms/tok':>14s} {'ITL p99 ms':>11s} "
         f"{'tok/s':>9s} {'decode tok/s':>13s}"
     )
     for r in results:
         for b in r["latency"]["batches"]:
             print(
-                f"{r['weights']:8s} {b['batch_size']:6d} {b['ttft_ms']['mean']:9.1f} "
+                f"{run_label(r):11s} {b['batch_size']:6d} {b['ttft_ms']['mean']:9.1f} "
                 f"{b['decode_ms_per_token']['mean']:14.2f} {b['inter_token_ms']['p99']:11.2f} "
                 f"{b['tokens_per_s']:9.1f} {b['decode_tokens_per_s']:13.1f}"
             )
@@ -262,7 +278,14 @@ def main(argv: list[str] | None = None) -> None:
             ws = build_workspace(root / "ws", model_shape, label == "int4", args.session_len, device)
             build_s = time.perf_counter() - start
             print(f"[{label}] workspace built in {build_s:.1f} s", flush=True)
-            results.append({**run_one(label, ws, args, device), "build_s": build_s})
+            start = time.perf_counter()
+            if label == "int4" and device.type == "cuda":
+                prewarm_int4(ws, args.tune_max_m, device)
+                if args.tune_max_m < args.max_context_token_num:  # larger buckets run the default plan, untuned
+                    os.environ["LMD_W4A16_AUTOTUNE"] = "0"
+            prewarm_s = time.perf_counter() - start
+            for graph in args.cuda_graph:
+                results.append({**run_one(label, ws, args, device, graph), "build_s": build_s, "prewarm_s": prewarm_s})
         finally:
             shutil.rmtree(root, ignore_errors=True)
             gc.collect()
