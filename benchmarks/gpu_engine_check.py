@@ -55,6 +55,48 @@ def generate_all(ws: Path, attention: str, prompts: list[list[int]], new_tokens:
         return out, time.perf_counter() - start, started, graphs
 
 
+def graph_step_errors(ws: Path, prompts: list[list[int]], new_tokens: int, device: torch.device) -> dict:
+    """Each captured decode step's logits against the same step run eagerly (the Triton attention, and the
+    reference attention) on the same cache: max |difference| over the step's logits, and whether the argmax agrees.
+    The eager steps rewrite the step's K/V into the same slots (equal up to rounding). On CPU the static buffers run
+    eagerly (no capture), which checks this function only."""
+    gen = GenerationConfig(max_new_tokens=new_tokens, top_k=1, ignore_eos=True)
+    os.environ["LMD_ATTENTION"] = "triton"
+    errors: dict[str, list[float]] = {"graph-triton": [], "graph-reference": [], "triton-reference": []}
+    argmax_same = {key: 0 for key in errors}
+    steps = 0
+    dtype = "fp16" if device.type == "cuda" else "fp32"
+    with Engine(ws, device=str(device), dtype=dtype, max_batch_size=16, session_len=1024) as engine:
+        runner = engine.runner
+        if device.type != "cuda":
+            runner.enable_decode_graphs(capture=False)
+        graphs = runner.graphs
+        assert graphs is not None, "decode graphs did not start"
+        captured = graphs.run
+
+        def checked(chunks):
+            nonlocal steps
+            out = captured(chunks)
+            rows = list(range(len(chunks)))
+            eager = runner.run_chunks(list(chunks), rows)
+            os.environ["LMD_ATTENTION"] = "reference"
+            reference = runner.run_chunks(list(chunks), rows)
+            os.environ["LMD_ATTENTION"] = "triton"
+            for key, (a, b) in {"graph-triton": (out, eager), "graph-reference": (out, reference),
+                                "triton-reference": (eager, reference)}.items():
+                errors[key].append((a - b).abs().max().item())
+                argmax_same[key] += int((a.argmax(-1) == b.argmax(-1)).all())
+            steps += 1
+            return out
+
+        graphs.run = checked
+        streams = [engine.generate(p, gen, request_id=i) for i, p in enumerate(prompts)]
+        for s in streams:
+            s.result()
+    return {key: dict(max_abs=max(v), mean_max_abs=sum(v) / len(v), argmax_same_steps=argmax_same[key],
+                      steps=steps) for key, v in errors.items()}
+
+
 def compare(a: list[list[int]], b: list[list[int]]) -> tuple[int, list[int]]:
     """(identical requests, first differing token index of the others)."""
     diffs = [next((i for i, (x, y) in enumerate(zip(p, q, strict=True)) if x != y), None)
@@ -82,13 +124,15 @@ def main() -> int:
             ref, t_ref, _, _ = generate_all(ws, "reference", prompts, args.new_tokens, dev)
             tri, t_tri, _, _ = generate_all(ws, "triton", prompts, args.new_tokens, dev)
             grf, t_grf, start_grf, graphs = generate_all(ws, "triton", prompts, args.new_tokens, dev, cuda_graph=True)
+            step_errors = graph_step_errors(ws, prompts, args.new_tokens, dev)
             same, first_diff = compare(ref, tri)
             same_graph, graph_diff = compare(tri, grf)
             ok = same >= 0.9 * len(prompts) and same_graph >= 0.9 * len(prompts) and (graphs or dev.type != "cuda")
             failures += not ok
             rows.append(dict(weights=weights, requests=len(prompts), identical=same, ok=ok, first_diff=first_diff,
                              reference_s=t_ref, triton_s=t_tri, graphs_on=graphs, graph_identical=same_graph,
-                             graph_first_diff=graph_diff, graph_s=t_grf, graph_engine_start_s=start_grf))
+                             graph_first_diff=graph_diff, graph_s=t_grf, graph_engine_start_s=start_grf,
+                             step_errors=step_errors))
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "gpu_engine_check.json").write_text(json.dumps(rows, indent=1))
     gpu = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
@@ -99,6 +143,11 @@ def main() -> int:
         print(f"{r['weights']:8} {r['identical']:>3}/{r['requests']:<4} {str(r['first_diff'][:4]):>16} "
               f"{r['graph_identical']:>7}/{r['requests']:<5} {r['reference_s']:12.2f} {r['triton_s']:9.2f} "
               f"{r['graph_s']:9.2f} {r['graph_engine_start_s']:16.2f}{'' if r['graphs_on'] else ' (graphs off!)'}")
+    print("\ndecode-step logits, max |a - b| over steps (mean of the per-step max), steps with the same argmax")
+    for r in rows:
+        for key, e in r["step_errors"].items():
+            print(f"{r['weights']:8} {key:18} {e['max_abs']:9.2e} ({e['mean_max_abs']:8.2e}) "
+                  f"{e['argmax_same_steps']:>4}/{e['steps']}")
     return 1 if failures else 0
 
 
