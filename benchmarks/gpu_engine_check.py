@@ -11,7 +11,9 @@ and to the uncaptured Triton run's, the first differing position otherwise, the 
 engine start of the graph run (capture included). Writes
 $OUT/gpu_engine_check.json when OUT is set. W4A16 runs its untuned default plans (LMD_W4A16_AUTOTUNE=0: this checks
 tokens, not speed, and tuning every shape would take minutes). Prints a table last; exits 1 when fewer than 90 % of
-requests match (greedy decoding of random weights has near-ties, so a rare late divergence is rounding, not a bug).
+requests match (greedy decoding of random weights has near-ties, so a rare late divergence is rounding, not a bug),
+or when the captured steps match fewer than 90 % and their logits differ from the eager steps' by more than twice
+the eager Triton steps' difference from the reference.
 """
 
 from __future__ import annotations
@@ -127,7 +129,11 @@ def main() -> int:
             step_errors = graph_step_errors(ws, prompts, args.new_tokens, dev)
             same, first_diff = compare(ref, tri)
             same_graph, graph_diff = compare(tri, grf)
-            ok = same >= 0.9 * len(prompts) and same_graph >= 0.9 * len(prompts) and (graphs or dev.type != "cuda")
+            # tokens of random weights diverge at near ties; then the step logits decide: the captured step may
+            # differ from the eager one by no more than the eager Triton step differs from the reference
+            close = step_errors["graph-triton"]["max_abs"] <= 2 * step_errors["triton-reference"]["max_abs"]
+            ok = (same >= 0.9 * len(prompts) and (same_graph >= 0.9 * len(prompts) or close)
+                  and (graphs or dev.type != "cuda"))
             failures += not ok
             rows.append(dict(weights=weights, requests=len(prompts), identical=same, ok=ok, first_diff=first_diff,
                              reference_s=t_ref, triton_s=t_tri, graphs_on=graphs, graph_identical=same_graph,
