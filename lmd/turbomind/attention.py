@@ -1,10 +1,14 @@
-"""Self-attention of one decoder layer: fused QKV (+bias), RoPE, KV write into the paged cache, paged attention, wo."""
+"""Self-attention of one decoder layer: fused QKV (+bias), RoPE, KV write into the paged cache, paged attention, wo.
+
+RoPE and the KV write are one Triton kernel on CUDA (kernels/rotary.py, LMD_LAYER_OPS); the PyTorch path
+(rope.apply_rotary, KVCache.write) is the CPU path and its oracle."""
 
 from __future__ import annotations
 
 import torch
 
 from lmd.turbomind.forward_batch import ForwardBatch
+from lmd.turbomind.kernel_choice import layer_kernel
 from lmd.turbomind.kv_cache import KVCache
 from lmd.turbomind.linear import Linear
 from lmd.turbomind.paged_attention import paged_attention
@@ -21,9 +25,19 @@ class Attention:
     def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch,
                  cache: KVCache) -> torch.Tensor:
         t, d = x.shape[0], self.head_dim
-        q, k, v = self.w_qkv(x).split([self.q_heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
-        q = apply_rotary(q.reshape(t, self.q_heads, d), cos, sin)
-        k = apply_rotary(k.reshape(t, self.kv_heads, d), cos, sin)
-        cache.write(self.layer, k, v.reshape(t, self.kv_heads, d), batch.slots)
+        qkv = self.w_qkv(x)
+        kernel = layer_kernel(qkv, "rotary")
+        if kernel is not None and qkv.stride(-1) == 1 and cos.shape[-1] % 2 == 0 and cos.is_contiguous():
+            slots = cache.float_slots(self.layer)  # float cache: K and V stored by the same kernel
+            if slots is not None:
+                q, _, _ = kernel.rotary_qkv_triton(qkv, cos, sin, self.q_heads, self.kv_heads, d, *slots, batch.slots)
+            else:
+                q, k, v = kernel.rotary_qkv_triton(qkv, cos, sin, self.q_heads, self.kv_heads, d)
+                cache.write(self.layer, k, v, batch.slots)
+        else:
+            q, k, v = qkv.split([self.q_heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
+            q = apply_rotary(q.reshape(t, self.q_heads, d), cos, sin)
+            k = apply_rotary(k.reshape(t, self.kv_heads, d), cos, sin)
+            cache.write(self.layer, k, v.reshape(t, self.kv_heads, d), batch.slots)
         out = paged_attention(q, cache, self.layer, batch, self.scale, self.fused)
         return self.wo(out.reshape(t, self.q_heads * d))

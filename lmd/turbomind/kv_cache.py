@@ -54,6 +54,10 @@ class KVCache:
             codes.index_copy_(0, slots, kv_int8.quantize(x, scale[..., None], zero[..., None]))
             _flat(params).index_copy_(0, slots, torch.stack((scale, zero), dim=-1))
 
+    def float_slots(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """K and V of a float cache as [slots, Hkv, D] views (a kernel stores new tokens there); None for int8."""
+        return None if self.int8 else (_flat(self.k[layer]), _flat(self.v[layer]))
+
     def read(self, layer: int, blocks: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The first `length` tokens of the sequence whose block table is `blocks`: k, v [length, Hkv, D]."""
         k = self.k[layer][blocks].flatten(0, 1)[:length]

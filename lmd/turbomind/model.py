@@ -10,7 +10,7 @@ from lmd.turbomind.attention import Attention
 from lmd.turbomind.config import ModelConfig
 from lmd.turbomind.forward_batch import ForwardBatch
 from lmd.turbomind.kv_cache import KVCache
-from lmd.turbomind.layers import GatedMLP, rms_norm
+from lmd.turbomind.layers import GatedMLP, add_rms_norm
 from lmd.turbomind.linear import make_linear
 from lmd.turbomind.rope import RotaryEmbedding
 
@@ -36,10 +36,13 @@ class DecoderLayer:
         self.mlp = GatedMLP(make_linear(weights, p + "feed_forward.w13", dtype),
                             make_linear(weights, p + "feed_forward.w2", dtype))
 
-    def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch,
-                 cache: KVCache) -> torch.Tensor:
-        h = h + self.reduce(self.attention(rms_norm(h, self.attention_norm, self.eps), cos, sin, batch, cache))
-        return h + self.reduce(self.mlp(rms_norm(h, self.ffn_norm, self.eps)))
+    def __call__(self, h: torch.Tensor, delta: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                 batch: ForwardBatch, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """(residual stream, the previous layer's MLP output not yet added) -> the same pair after this layer: each
+        residual add happens inside the next norm (one kernel on CUDA)."""
+        h, x = add_rms_norm(h, delta, self.attention_norm, self.eps)
+        h, x = add_rms_norm(h, self.reduce(self.attention(x, cos, sin, batch, cache)), self.ffn_norm, self.eps)
+        return h, self.reduce(self.mlp(x))
 
 
 class LlamaModel:
@@ -62,9 +65,10 @@ class LlamaModel:
         """Final-normed hidden states [T, H] of every token of the batch (writes their KV into the cache)."""
         h = self.embed[batch.input_ids]
         cos, sin = self.rope.cos_sin(batch.positions, batch.token_seq_lens, self.dtype)
+        delta = None
         for layer in self.layers:
-            h = layer(h, cos, sin, batch, cache)
-        return rms_norm(h, self.norm, self.cfg.norm_eps)
+            h, delta = layer(h, delta, cos, sin, batch, cache)
+        return add_rms_norm(h, delta, self.norm, self.cfg.norm_eps)[1]
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.linear(h, self.lm_head[: self.cfg.vocab_size]).float()

@@ -11,14 +11,13 @@ benchmarks/gpu_attention_tests.py and benchmarks/gpu_engine_check.py (docs/bench
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
-from lmd.errors import LmdError
 from lmd.turbomind.forward_batch import ForwardBatch
+from lmd.turbomind.kernel_choice import triton_module, triton_requested
 from lmd.turbomind.kv_cache import KVCache
 
 
@@ -36,20 +35,13 @@ def paged_attention(
 
 
 def _triton_requested(q: torch.Tensor) -> bool:
-    choice = os.environ.get("LMD_ATTENTION") or "auto"
-    if choice not in ("auto", "reference", "triton"):
-        raise LmdError(f"LMD_ATTENTION={choice!r}: use 'auto' (the default: Triton kernels on CUDA), 'reference' or "
-                       "'triton'")
-    return choice == "triton" or (choice == "auto" and q.is_cuda)
+    return triton_requested(q, "LMD_ATTENTION")
 
 
 @functools.cache
 def _triton_kernel() -> tuple[Callable[..., torch.Tensor], Callable[..., str | None]] | None:
-    try:
-        from lmd.turbomind.kernels.paged_attention import paged_attention_triton, unsupported_reason
-    except ImportError:  # no Triton: the engine still runs, on the reference
-        return None
-    return paged_attention_triton, unsupported_reason
+    module = triton_module("paged_attention")
+    return None if module is None else (module.paged_attention_triton, module.unsupported_reason)
 
 
 def paged_attention_reference(

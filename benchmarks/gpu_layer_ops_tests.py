@@ -1,0 +1,116 @@
+"""The Triton layer ops on a GPU at Llama-2-7B shapes: residual add + RMSNorm, SiLU * up, RoPE + KV write, each
+against its PyTorch reference (fp16 and bf16: the CPU interpreter in CI computes bf16 wrongly), and their time
+against the reference's (CUDA graphs of 20 calls, median of 20 replays).
+
+    python3 benchmarks/gpu_layer_ops_tests.py
+
+Error is max |kernel - reference| / max |reference| (one rounding step of the dtype: 2^-11 fp16, 2^-8 bf16; the
+residual sum must be identical). Writes $OUT/gpu_layer_ops_tests.json when OUT is set; prints a table last; exits 1
+on a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lmd.turbomind.kernels.rms_norm import add_rms_norm_triton  # noqa: E402
+from lmd.turbomind.kernels.rotary import rotary_qkv_triton  # noqa: E402
+from lmd.turbomind.kernels.silu_mul import silu_mul_triton  # noqa: E402
+from lmd.turbomind.kv_cache import KVCache  # noqa: E402
+from lmd.turbomind.layers import add_rms_norm_reference, silu_mul_reference  # noqa: E402
+from lmd.turbomind.rope import apply_rotary  # noqa: E402
+
+HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM = 4096, 11008, 32, 32, 128
+TOL = {torch.float16: 2 * 2**-11, torch.bfloat16: 2 * 2**-8}
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
+
+
+def graph_us(fn, calls: int = 20, replays: int = 20) -> float:
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    return sorted(times)[len(times) // 2]
+
+
+def cases(t: int, dtype: torch.dtype, dev: torch.device) -> list[dict]:
+    g = torch.Generator(device=dev).manual_seed(t)
+    out = []
+    h = torch.randn(t, HIDDEN, device=dev, generator=g).to(dtype)
+    delta = torch.randn(t, HIDDEN, device=dev, generator=g).to(dtype)
+    w = (torch.rand(HIDDEN, device=dev, generator=g) + 0.5).to(dtype)
+    total, normed = add_rms_norm_triton(h, delta, w, 1e-5)
+    ref_total, ref_normed = add_rms_norm_reference(h, delta, w, 1e-5)
+    out.append(dict(op="add+rmsnorm", err=rel(normed, ref_normed), sum_err=rel(total, ref_total),
+                    kernel_us=graph_us(lambda: add_rms_norm_triton(h, delta, w, 1e-5)),
+                    reference_us=graph_us(lambda: add_rms_norm_reference(h, delta, w, 1e-5))))
+    gu = (torch.randn(t, 2 * INTER, device=dev, generator=g) * 3).to(dtype)
+    out.append(dict(op="silu*up", err=rel(silu_mul_triton(gu), silu_mul_reference(gu)), sum_err=0.0,
+                    kernel_us=graph_us(lambda: silu_mul_triton(gu)),
+                    reference_us=graph_us(lambda: silu_mul_reference(gu))))
+    qkv = torch.randn(t, (HEADS + 2 * KV_HEADS) * HEAD_DIM, device=dev, generator=g).to(dtype)
+    angles = torch.rand(t, HEAD_DIM // 2, device=dev, generator=g) * 100
+    cos, sin = torch.cat((angles, angles), -1).cos().to(dtype), torch.cat((angles, angles), -1).sin().to(dtype)
+    cache = KVCache(1, -(-t // 64) + 1, 64, KV_HEADS, HEAD_DIM, dtype, dev)
+    slots = torch.randperm(cache.num_blocks * 64, device=dev)[:t]
+
+    def reference():
+        q, k, v = qkv.split([HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], dim=-1)
+        q = apply_rotary(q.reshape(t, HEADS, HEAD_DIM), cos, sin)
+        k = apply_rotary(k.reshape(t, KV_HEADS, HEAD_DIM), cos, sin)
+        cache.write(0, k, v.reshape(t, KV_HEADS, HEAD_DIM), slots)
+        return q
+
+    q_ref = reference()
+    k_ref, v_ref = (x[slots].clone() for x in cache.float_slots(0))
+    q = rotary_qkv_triton(qkv, cos, sin, HEADS, KV_HEADS, HEAD_DIM, *cache.float_slots(0), slots)[0]
+    k_out, v_out = (x[slots] for x in cache.float_slots(0))
+    out.append(dict(op="rope+kv write", err=max(rel(q, q_ref), rel(k_out, k_ref), rel(v_out, v_ref)), sum_err=0.0,
+                    kernel_us=graph_us(lambda: rotary_qkv_triton(qkv, cos, sin, HEADS, KV_HEADS, HEAD_DIM,
+                                                                 *cache.float_slots(0), slots)),
+                    reference_us=graph_us(reference)))
+    return out
+
+
+def main() -> int:
+    dev = torch.device("cuda")
+    rows = []
+    for dtype in (torch.float16, torch.bfloat16):
+        for t in (1, 16, 2048):
+            for r in cases(t, dtype, dev):
+                ok = r["err"] <= TOL[dtype] and r["sum_err"] == 0.0
+                rows.append(dict(r, dtype=str(dtype).removeprefix("torch."), tokens=t, ok=ok))
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "gpu_layer_ops_tests.json").write_text(json.dumps(rows, indent=1))
+    print(f"\n{torch.cuda.get_device_name()}, Llama-2-7B shapes (hidden {HIDDEN}, inter {INTER}, {HEADS}x{HEAD_DIM})")
+    print(f"{'op':14} {'dtype':9} {'tokens':>6} {'rel err':>9} {'kernel us':>10} {'reference us':>13} {'speed-up':>9}")
+    for r in rows:
+        print(f"{r['op']:14} {r['dtype']:9} {r['tokens']:6d} {r['err']:9.2e} {r['kernel_us']:10.1f} "
+              f"{r['reference_us']:13.1f} {r['reference_us'] / r['kernel_us']:8.1f}x{'' if r['ok'] else '  FAIL'}")
+    failures = sum(not r["ok"] for r in rows)
+    print(f"{len(rows)} checks, {failures} failures")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+"""The Triton layer ops (residual add + RMSNorm, SiLU * up, RoPE + KV write) under Triton's CPU interpreter against
+their PyTorch references, and a tiny model's logits with them against the reference path.
+
+All cases run in one fresh process (this file run as a script, TRITON_INTERPRET=1 set before Triton decorates the
+kernels); the script prints one JSON object, case name -> error (or the exception text).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+ULP = {"fp32": 1e-6, "fp16": 2e-3}  # error relative to the output's largest magnitude: one fp16 rounding step
+
+
+def _dtype(name: str):
+    import torch
+
+    return {"fp32": torch.float32, "fp16": torch.float16}[name]
+
+
+def _rel(out, ref) -> float:
+    return ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+
+
+def norm_case(dtype: str, hidden: int, with_delta: bool) -> dict[str, float]:
+    import torch
+
+    from lmd.turbomind.kernels.rms_norm import add_rms_norm_triton
+    from lmd.turbomind.layers import add_rms_norm_reference
+
+    g = torch.Generator().manual_seed(hidden)
+    wide = torch.randn(5, hidden + 56, generator=g).to(_dtype(dtype))
+    h = wide[:, 3 : 3 + hidden]  # strided rows, as a slice of a wider tensor
+    delta = torch.randn(5, hidden, generator=g).to(_dtype(dtype)) if with_delta else None
+    weight = (torch.rand(hidden, generator=g) + 0.5).to(_dtype(dtype))
+    total, normed = add_rms_norm_triton(h, delta, weight, 1e-5)
+    ref_total, ref_normed = add_rms_norm_reference(h, delta, weight, 1e-5)
+    assert normed.shape == (5, hidden) and normed.dtype == h.dtype
+    return {"sum": (total.float() - ref_total.float()).abs().max().item(), "normed": _rel(normed, ref_normed)}
+
+
+def silu_case(dtype: str, inter: int) -> float:
+    import torch
+
+    from lmd.turbomind.kernels.silu_mul import silu_mul_triton
+    from lmd.turbomind.layers import silu_mul_reference
+
+    gu = (torch.randn(4, 2 * inter, generator=torch.Generator().manual_seed(inter)) * 3).to(_dtype(dtype))
+    return _rel(silu_mul_triton(gu), silu_mul_reference(gu))
+
+
+def rotary_case(dtype: str, head_dim: int, rot: int, to_cache: bool) -> float:
+    """q, k, v of the kernel against apply_rotary + KVCache.write; with the cache: slots shuffled, the pool poisoned
+    with NaN, and every slot the batch does not own still NaN afterwards."""
+    import torch
+
+    from lmd.turbomind.kernels.rotary import rotary_qkv_triton
+    from lmd.turbomind.kv_cache import KVCache
+    from lmd.turbomind.rope import apply_rotary
+
+    dt, t, hq, hkv = _dtype(dtype), 6, 4, 2
+    g = torch.Generator().manual_seed(head_dim + rot)
+    qkv = torch.randn(t, (hq + 2 * hkv) * head_dim, generator=g).to(dt)
+    angles = torch.rand(t, rot // 2, generator=g) * 6
+    cos, sin = torch.cat((angles, angles), -1).cos().to(dt), torch.cat((angles, angles), -1).sin().to(dt)
+    q_ref, k_ref, v_ref = qkv.split([hq * head_dim, hkv * head_dim, hkv * head_dim], dim=-1)
+    q_ref = apply_rotary(q_ref.reshape(t, hq, head_dim), cos, sin)
+    k_ref = apply_rotary(k_ref.reshape(t, hkv, head_dim), cos, sin)
+    v_ref = v_ref.reshape(t, hkv, head_dim)
+    if not to_cache:
+        q, k, v = rotary_qkv_triton(qkv, cos, sin, hq, hkv, head_dim)
+        return max(_rel(q, q_ref), _rel(k, k_ref), _rel(v, v_ref))
+    cache = KVCache(1, 4, 4, hkv, head_dim, dt, torch.device("cpu"))
+    cache.k[0].fill_(float("nan"))
+    cache.v[0].fill_(float("nan"))
+    slots = torch.randperm(16, generator=g)[:t]
+    q, _, _ = rotary_qkv_triton(qkv, cos, sin, hq, hkv, head_dim, *cache.float_slots(0), slots)
+    k_flat, v_flat = cache.float_slots(0)
+    others = torch.ones(16, dtype=torch.bool)
+    others[slots] = False
+    assert bool(k_flat[others].isnan().all()) and bool(v_flat[others].isnan().all()), "wrote outside its slots"
+    return max(_rel(q, q_ref), _rel(k_flat[slots], k_ref), _rel(v_flat[slots], v_ref))
+
+
+def model_logits(ws: str) -> dict[str, float]:
+    """A tiny model's logits (prefills, a decode beside a chunk, decodes) with LMD_LAYER_OPS=triton vs reference;
+    float KV (RoPE kernel stores K/V) and online int8 KV (RoPE kernel, then KVCache.write)."""
+    sys.path.insert(0, str(REPO))
+    from tests.turbomind.kernels.test_paged_attention_interpret import engine_logits
+
+    out = {}
+    for name, overrides in (("model-fp32", {}), ("model-int8-online", {"quant_policy": 4})):
+        os.environ["LMD_LAYER_OPS"] = "reference"
+        ref = engine_logits(ws, "reference", **overrides)
+        os.environ["LMD_LAYER_OPS"] = "triton"
+        out_logits = engine_logits(ws, "reference", **overrides)
+        os.environ["LMD_LAYER_OPS"] = "reference"
+        out[name] = ((out_logits - ref).abs().max() / (ref.amax(-1) - ref.amin(-1)).max()).item()
+    return out
+
+
+NORM_CASES = {f"norm-{d}-h{h}-{'delta' if w else 'plain'}": (d, h, w)
+              for d, h, w in (("fp32", 200, True), ("fp16", 96, False), ("fp16", 64, True), ("fp16", 1100, True))}
+SILU_CASES = {f"silu-{d}-i{i}": (d, i) for d, i in (("fp32", 40), ("fp16", 1500))}
+ROTARY_CASES = {f"rotary-{d}-d{hd}-rot{r}-{'cache' if c else 'out'}": (d, hd, r, c)
+                for d, hd, r, c in (("fp32", 16, 16, False), ("fp16", 32, 16, False), ("fp16", 64, 64, True),
+                                    ("fp32", 24, 8, True))}
+
+
+def main(ws: str) -> None:
+    assert os.environ.get("TRITON_INTERPRET") == "1", "run under TRITON_INTERPRET=1"
+    jobs = {**{n: (lambda a=a: norm_case(*a)) for n, a in NORM_CASES.items()},
+            **{n: (lambda a=a: silu_case(*a)) for n, a in SILU_CASES.items()},
+            **{n: (lambda a=a: rotary_case(*a)) for n, a in ROTARY_CASES.items()},
+            "model": lambda: model_logits(ws)}
+    results: dict[str, object] = {}
+    for name, job in jobs.items():
+        try:
+            results[name] = job()
+        except Exception:
+            results[name] = traceback.format_exc(limit=4)
+    json.dump(results, sys.stdout)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
+
+
+@pytest.fixture(scope="module")
+def interpreted(tiny_llama_ws) -> dict:
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO), LMD_ATTENTION="reference")
+    proc = subprocess.run(
+        [sys.executable, __file__, str(tiny_llama_ws[1])], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize("name", NORM_CASES)
+def test_add_rms_norm_matches_reference(interpreted: dict, name: str) -> None:
+    err = interpreted[name]
+    assert isinstance(err, dict), err
+    assert err["sum"] == 0.0, f"{name}: the residual sum differs by {err['sum']:.2e} (same rounding expected)"
+    assert err["normed"] < ULP[NORM_CASES[name][0]] * 2, f"{name}: normed off by {err['normed']:.2e}"
+
+
+@pytest.mark.parametrize("name", SILU_CASES)
+def test_silu_mul_matches_reference(interpreted: dict, name: str) -> None:
+    err = interpreted[name]
+    assert isinstance(err, float), err
+    assert err < ULP[SILU_CASES[name][0]] * 2, f"{name}: off by {err:.2e}"
+
+
+@pytest.mark.parametrize("name", ROTARY_CASES)
+def test_rotary_matches_reference(interpreted: dict, name: str) -> None:
+    err = interpreted[name]
+    assert isinstance(err, float), err
+    assert err < ULP[ROTARY_CASES[name][0]] * 2, f"{name}: off by {err:.2e}"
+
+
+# int8 KV: a key that differs by one fp32 rounding can land on the neighbouring code (1/255 of its range)
+@pytest.mark.parametrize(("name", "tol"), [("model-fp32", 1e-5), ("model-int8-online", 1e-4)])
+def test_model_logits_with_layer_kernels_match_the_reference(interpreted: dict, name: str, tol: float) -> None:
+    errors = interpreted["model"]
+    assert isinstance(errors, dict), errors
+    assert errors[name] < tol, f"{name}: logits differ by {errors[name]:.2e} of their range"
+
+
+def test_unknown_layer_ops_choice_is_refused(monkeypatch) -> None:
+    import torch
+
+    from lmd.errors import LmdError
+    from lmd.turbomind.layers import silu_mul
+
+    monkeypatch.setenv("LMD_LAYER_OPS", "cuda")
+    with pytest.raises(LmdError, match="LMD_LAYER_OPS='cuda'"):
+        silu_mul(torch.zeros(1, 4))
