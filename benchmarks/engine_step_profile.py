@@ -120,7 +120,8 @@ def main() -> None:
     gpu = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     out.write_text(json.dumps(dict(gpu=gpu, weights=args.weights, layers=args.layers, rows=rows), indent=1))
     names = [n for n in next(iter(rows.values())) if n != "decode steps"]
-    print(f"\n{gpu}, {args.weights} {'tiny' if args.tiny else 'llama2-7b'} shape ({shape['num_hidden_layers']} layers): median ms per decode step")
+    name = "tiny" if args.tiny else "llama2-7b"
+    print(f"\n{gpu}, {args.weights} {name} shape ({shape['num_hidden_layers']} layers): median ms per decode step")
     print(f"{'part':22}" + "".join(f"{'batch ' + str(b):>11}" for b in rows))
     for name in names:
         print(f"{name:22}" + "".join(f"{r.get(name, 0.0):11.3f}" for r in rows.values()))
