@@ -11,6 +11,7 @@ from lmd.chat.options import (
     CacheBlockSeqLenOpt,
     CacheMaxEntryCountOpt,
     DtypeOpt,
+    EnforceEagerOpt,
     MaxBatchSizeOpt,
     QuantPolicyOpt,
     SessionLenOpt,
@@ -125,6 +126,7 @@ def throughput_command(
     cache_block_seq_len: CacheBlockSeqLenOpt = None,
     quant_policy: QuantPolicyOpt = None,
     tp: TpOpt = None,
+    enforce_eager: EnforceEagerOpt = False,
     as_json: AsJson = False,
 ) -> None:
     """Offline throughput: NUM_PROMPTS requests, at most CONCURRENCY in flight; requests/s, tokens/s, TTFT, TPOT."""
@@ -228,6 +230,7 @@ def latency_command(
     cache_block_seq_len: CacheBlockSeqLenOpt = None,
     quant_policy: QuantPolicyOpt = None,
     tp: TpOpt = None,
+    enforce_eager: EnforceEagerOpt = False,
     as_json: AsJson = False,
 ) -> None:
     """Latency at fixed lengths per batch size: time to first token, decode ms per token, tokens/s."""

@@ -29,6 +29,7 @@ class EngineOverrides:
     cache_block_seq_len: int | None = None
     quant_policy: int | None = None
     tp: int | None = None  # tensor-parallel processes (docs/engine.md); None: 1, all ranks merged in one process
+    enforce_eager: bool = False  # decode steps without CUDA graphs
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -39,7 +40,8 @@ class EngineOverrides:
             raise LmdError(f"--quant-policy {self.quant_policy} is unknown; use 0 (KV in compute dtype) or 4 (KV int8)")
 
     def as_kwargs(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        kwargs = {k: v for k, v in asdict(self).items() if v is not None and k != "enforce_eager"}
+        return kwargs | ({"cuda_graph": False} if self.enforce_eager else {})
 
 
 def open_engine(model: str, model_name: str, overrides: EngineOverrides) -> Pipeline:
@@ -60,6 +62,7 @@ def engine_facts(engine: Engine, model: str) -> dict[str, Any]:
         "device": str(runner.device),
         "compute_dtype": str(runner.dtype).removeprefix("torch."),
         "kv_blocks": runner.num_blocks,
+        "decode_graphs": runner.graphs is not None,
         "max_len": engine.max_len,
         "engine_config": asdict(engine.workspace.engine),
     }

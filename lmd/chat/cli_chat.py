@@ -7,6 +7,7 @@ from lmd.chat.options import (
     CacheMaxEntryCountOpt,
     DeviceOpt,
     DtypeOpt,
+    EnforceEagerOpt,
     MaxNewTokensOpt,
     ModelArg,
     ModelNameOpt,
@@ -39,6 +40,7 @@ def chat_command(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     tp: TpOpt = None,
+    enforce_eager: EnforceEagerOpt = False,
 ) -> None:
     """Chat with a model in the terminal or from piped lines; replies stream as they are generated.
 

@@ -11,6 +11,7 @@ from lmd.chat.options import (
     CacheMaxEntryCountOpt,
     DeviceOpt,
     DtypeOpt,
+    EnforceEagerOpt,
     MaxBatchSizeOpt,
     MaxNewTokensOpt,
     ModelArg,
@@ -51,6 +52,7 @@ def gradio_command(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     tp: TpOpt = None,
+    enforce_eager: EnforceEagerOpt = False,
 ) -> None:
     """Serve a chat web page (gradio): streaming replies, Stop, Reset, sampling sliders.
 

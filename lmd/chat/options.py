@@ -91,6 +91,14 @@ TpOpt = Annotated[
     ),
 ]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="Compute dtype: auto (the workspace's), fp32, fp16 or bf16.")]
+EnforceEagerOpt = Annotated[
+    bool,
+    typer.Option(
+        "--enforce-eager",
+        help="Launch every decode step's kernels from Python instead of replaying CUDA graphs captured at start "
+        "(graphs are the default on CUDA with tp 1; eager saves their start-up time and memory).",
+    ),
+]
 
 _SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "repetition_penalty", "max_new_tokens", "seed")
 _ENGINE_FLAGS = (
@@ -126,6 +134,8 @@ def split_flags(flags: dict[str, Any]) -> tuple[GenerationConfig, dict[str, Any]
     """(sampling config, engine overrides) from a command's parameters; engine flags left unset keep config.ini's."""
     gen_config = generation_config(**{name: flags[name] for name in _SAMPLING_FLAGS})
     overrides = {name: flags[name] for name in _ENGINE_FLAGS if flags.get(name) is not None}
+    if flags.get("enforce_eager"):
+        overrides["cuda_graph"] = False
     return gen_config, overrides
 
 

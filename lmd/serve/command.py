@@ -14,6 +14,7 @@ from lmd.chat.options import (
     CacheMaxEntryCountOpt,
     DeviceOpt,
     DtypeOpt,
+    EnforceEagerOpt,
     MaxBatchSizeOpt,
     ModelArg,
     QuantPolicyOpt,
@@ -62,6 +63,7 @@ def serve_command(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     tp: TpOpt = None,
+    enforce_eager: EnforceEagerOpt = False,
     log_level: Annotated[str, typer.Option(help=f"uvicorn log level: {', '.join(LOG_LEVELS)}.")] = "info",
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/models,
@@ -88,6 +90,7 @@ def serve_command(
         device=device,
         dtype=dtype,
         tp=tp,
+        cuda_graph=False if enforce_eager else None,
     )
     keys = [k for k in (api_keys or []) if k]
     with open_chat_engine(model, chat_template, {k: v for k, v in overrides.items() if v is not None}) as engine:

@@ -71,6 +71,7 @@ def test_latency_json_and_table(bench_ws, monkeypatch, capsys):
     report = json.loads(out)
     assert report["benchmark"] == "latency" and report["settings"]["batch_sizes"] == [1, 2]
     assert report["settings"]["engine_config"]["max_batch_size"] == 2  # defaults to the largest batch
+    assert report["settings"]["engine_config"]["cuda_graph"] is True and report["settings"]["decode_graphs"] is False
     assert [(b["batch_size"], b["output_tokens"]) for b in report["batches"]] == [(1, 3), (2, 6)]
     code, out, err = bench(
         monkeypatch,
@@ -79,6 +80,18 @@ def test_latency_json_and_table(bench_ws, monkeypatch, capsys):
     )
     assert code == 0, err
     assert "8 in / 2 out" in out and "TTFT ms" in out
+
+
+def test_enforce_eager_reaches_the_engine(bench_ws, monkeypatch, capsys):
+    code, out, err = bench(
+        monkeypatch,
+        capsys,
+        f"latency {bench_ws} --input-len 8 --output-len 2 --batch-size 1 --warmup 0 --iters 1 {ENGINE_FLAGS} "
+        "--enforce-eager --json",
+    )
+    assert code == 0, err
+    settings = json.loads(out)["settings"]
+    assert settings["engine_config"]["cuda_graph"] is False and settings["decode_graphs"] is False
 
 
 @pytest.mark.parametrize(
