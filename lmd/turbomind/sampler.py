@@ -68,6 +68,9 @@ class Sampler:
         if logits.dim() != 2 or logits.shape[0] != len(rows):
             raise LmdError(f"Sampler.sample: logits of shape {tuple(logits.shape)} do not match {len(rows)} rows")
         raw = logits.float()
+        if all(_plain_greedy(row) for row in rows):  # the common decode batch: one argmax, one read-back
+            return SampleOutput(token_ids=raw.argmax(dim=-1).tolist(), logprobs=[None] * len(rows),
+                                top_logprobs=[None] * len(rows))
         processed = raw.clone()
         _apply_repetition_penalty(processed, rows)
         _mask_early_stop(processed, rows)
@@ -102,6 +105,13 @@ class Sampler:
         for i, value in on_device:
             uniforms[i] = value.to(device)[0]
         return uniforms.unsqueeze(1)
+
+
+def _plain_greedy(row: SamplingRow) -> bool:
+    """Greedy with nothing that changes the logits or asks for logprobs: the argmax of the raw logits."""
+    config = row.config
+    return (config.is_greedy and config.repetition_penalty == 1.0 and config.logprobs is None
+            and row.num_generated >= config.min_new_tokens)
 
 
 def _apply_repetition_penalty(logits: torch.Tensor, rows: list[SamplingRow]) -> None:

@@ -282,3 +282,19 @@ def test_cuda_logits_give_the_cpu_tokens_with_cpu_generators_and_accept_cuda_gen
 def test_a_step_with_no_rows_to_sample_returns_empty_lists():
     out = Sampler().sample(torch.zeros(0, VOCAB), [])
     assert (out.token_ids, out.logprobs, out.top_logprobs) == ([], [], [])
+
+
+def test_plain_greedy_batch_takes_the_raw_argmax_like_the_general_path() -> None:
+    logits = random_logits(6, seed=21)
+    greedy = GenerationConfig(temperature=0.0)
+    rows = [make_row(greedy, num_generated=3) for _ in range(6)]
+    fast = Sampler(seed=0).sample(logits, rows)  # every row plain greedy: one argmax
+    assert fast.token_ids == logits.argmax(-1).tolist() and fast.logprobs == [None] * 6
+    # one row asking for logprobs sends the batch down the general path: the greedy rows' tokens do not change
+    mixed = Sampler(seed=0).sample(logits, [*rows[:5], make_row(GenerationConfig(temperature=0.0, logprobs=1), (5,), 3)])
+    assert mixed.token_ids == fast.token_ids and mixed.logprobs[5] is not None
+    # min_new_tokens still unmet: EOS is masked, so the fast path must not run
+    eos_first = logits.clone()
+    eos_first[0, EOS] = 100.0
+    early = make_row(GenerationConfig(temperature=0.0, min_new_tokens=5), (5,), 1)
+    assert Sampler(seed=0).sample(eos_first[:1], [early]).token_ids[0] != EOS
