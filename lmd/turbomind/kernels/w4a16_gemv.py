@@ -7,9 +7,12 @@ weights) and, for nibble i, multiplies by the activations x[m, 8r + i] of each o
 The work per weight is what bounds this kernel (about one instruction issue per weight per SM lane), so a weight costs
 a shift, a mask-and-or and one FMA per token row:
     f = bits(0x3F800000 | c << 19) = 1 + c/16 exactly (the code in the top mantissa bits of a float in [1, 2)),
-and over the 8 weights of a packed row, with dot = sum_k x_k f_k and xs = sum_k x_k,
+and over the weights of one group (scale s, zero z), with dot = sum_k x_k f_k and xs = sum_k x_k,
     sum_k x_k (c_k s + z) = 16 s * dot + (z - 16 s) * xs.
 (With the code in the top mantissa bits the cancellation in the last line costs a few bits of 24, not the value.)
+dot and xs run on over all the steps of a group and are folded once, when the group or the program's slice ends: the
+scale and zero loads, their conversions and the fold cost once per group instead of once per packed row (local
+sm_90 compile, 8 columns per thread: 312 -> 252 SASS instructions per 64 weights on the steps that do not fold).
 On the GPU the 8 unit floats of a word come from one PTX block (a shift and one lop3 each: Triton's and/or pair
 compiles to two LOP3s, since a LOP3 takes one immediate); the interpreter runs the same math in plain Triton.
 
@@ -121,31 +124,24 @@ def _gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr
     # program, nothing else would overlap the FMAs with the memory latency
     row_end = tl.minimum(last * BLOCK_K8, k8)  # end of this program's slice
     q_next = _packed_rows(qw_ptr, first * BLOCK_K8 + offs_r, offs_n, n_mask, N, row_end)
+    # dot (sum of x * unit float) and xs (sum of x) run on over the steps of one group and are folded with its
+    # scale and zero once, when the group (or this program's slice) ends; groups shorter than a step fold per step
+    # with per-row scales
+    ONE_GROUP: tl.constexpr = GROUP % (8 * BLOCK_K8) == 0
+    dot0 = tl.zeros([BLOCK_K8, BLOCK_N], dtype=tl.float32)
+    dot1 = tl.zeros([BLOCK_K8, BLOCK_N], dtype=tl.float32)
+    dot2 = tl.zeros([BLOCK_K8, BLOCK_N], dtype=tl.float32)
+    dot3 = tl.zeros([BLOCK_K8, BLOCK_N], dtype=tl.float32)
+    xs0 = tl.zeros([BLOCK_K8], dtype=tl.float32)
+    xs1 = tl.zeros([BLOCK_K8], dtype=tl.float32)
+    xs2 = tl.zeros([BLOCK_K8], dtype=tl.float32)
+    xs3 = tl.zeros([BLOCK_K8], dtype=tl.float32)
     for step in range(first, last):
         rows = step * BLOCK_K8 + offs_r
         r_mask = rows < k8
-        w_mask = r_mask[:, None] & n_mask[None, :]
         q = q_next
         q_next = _packed_rows(qw_ptr, rows + BLOCK_K8, offs_n, n_mask, N, row_end)
-        if GROUP % (8 * BLOCK_K8) == 0:  # one group row per step
-            g = (step * BLOCK_K8 * 8) // GROUP
-            s = tl.load(s_ptr + g * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-            z = tl.load(z_ptr + g * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        else:
-            sz_off = ((rows * 8) // GROUP)[:, None] * N + offs_n[None, :]
-            s = tl.load(s_ptr + sz_off, mask=w_mask, other=0.0).to(tl.float32)
-            z = tl.load(z_ptr + sz_off, mask=w_mask, other=0.0).to(tl.float32)
-        s16 = 16.0 * s
-        zc = z - s16
         x_off = rows * 8
-        dot0 = tl.zeros([BLOCK_K8, BLOCK_N], dtype=tl.float32)
-        dot1 = tl.zeros([BLOCK_K8, BLOCK_N], dtype=tl.float32)
-        dot2 = tl.zeros([BLOCK_K8, BLOCK_N], dtype=tl.float32)
-        dot3 = tl.zeros([BLOCK_K8, BLOCK_N], dtype=tl.float32)
-        xs0 = tl.zeros([BLOCK_K8], dtype=tl.float32)
-        xs1 = tl.zeros([BLOCK_K8], dtype=tl.float32)
-        xs2 = tl.zeros([BLOCK_K8], dtype=tl.float32)
-        xs3 = tl.zeros([BLOCK_K8], dtype=tl.float32)
         fs = unit_floats(q, PTX)
         for i in tl.static_range(8):
             f = fs[i]
@@ -155,12 +151,33 @@ def _gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr
             if BLOCK_M > 2:
                 dot2, xs2 = _row_step(x_ptr, x_off + 2 * K, r_mask & (offs_r * 0 + 2 < M), f, i, dot2, xs2, False)
                 dot3, xs3 = _row_step(x_ptr, x_off + 3 * K, r_mask & (offs_r * 0 + 3 < M), f, i, dot3, xs3, False)
-        acc0 = _fold(acc0, dot0, xs0, s16, zc)
-        if BLOCK_M > 1:
-            acc1 = _fold(acc1, dot1, xs1, s16, zc)
-        if BLOCK_M > 2:
-            acc2 = _fold(acc2, dot2, xs2, s16, zc)
-            acc3 = _fold(acc3, dot3, xs3, s16, zc)
+        group_ends = ((step + 1) * BLOCK_K8 * 8) % GROUP == 0
+        if not ONE_GROUP or group_ends or step + 1 == last:
+            if ONE_GROUP:  # one group row for the whole step
+                g = (step * BLOCK_K8 * 8) // GROUP
+                s = tl.load(s_ptr + g * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+                z = tl.load(z_ptr + g * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+            else:
+                w_mask = r_mask[:, None] & n_mask[None, :]
+                sz_off = ((rows * 8) // GROUP)[:, None] * N + offs_n[None, :]
+                s = tl.load(s_ptr + sz_off, mask=w_mask, other=0.0).to(tl.float32)
+                z = tl.load(z_ptr + sz_off, mask=w_mask, other=0.0).to(tl.float32)
+            s16 = 16.0 * s
+            zc = z - s16
+            acc0 = _fold(acc0, dot0, xs0, s16, zc)
+            dot0 = tl.zeros([BLOCK_K8, BLOCK_N], dtype=tl.float32)
+            xs0 = tl.zeros([BLOCK_K8], dtype=tl.float32)
+            if BLOCK_M > 1:
+                acc1 = _fold(acc1, dot1, xs1, s16, zc)
+                dot1 = tl.zeros([BLOCK_K8, BLOCK_N], dtype=tl.float32)
+                xs1 = tl.zeros([BLOCK_K8], dtype=tl.float32)
+            if BLOCK_M > 2:
+                acc2 = _fold(acc2, dot2, xs2, s16, zc)
+                acc3 = _fold(acc3, dot3, xs3, s16, zc)
+                dot2 = tl.zeros([BLOCK_K8, BLOCK_N], dtype=tl.float32)
+                dot3 = tl.zeros([BLOCK_K8, BLOCK_N], dtype=tl.float32)
+                xs2 = tl.zeros([BLOCK_K8], dtype=tl.float32)
+                xs3 = tl.zeros([BLOCK_K8], dtype=tl.float32)
     # each token row has its own split-K counter: tile id = column tile * BLOCK_M + row
     row = tl.arange(0, 1)
     store_tile(tl.sum(acc0, axis=0)[None, :], row, offs_n, M, N, out_ptr, bias_ptr, ws_ptr, cnt_ptr,

@@ -44,6 +44,11 @@ def _cases() -> list[Case]:
     for m, bm, n, k, g, split, bias in ((1, 1, 128, 256, 128, 4, False), (1, 1, 64, 256, 32, 3, True),
                                         (2, 2, 128, 128, 64, 2, True), (3, 4, 64, 256, 64, 5, False)):
         out.append(Case(f"gemv-m{m}-g{g}", GemvConfig(64, 8, split, 1, 1, bm), m, n, k, g, bias))
+    # slices of many steps: dot and xs run on within a group and fold at its end, or where a slice ends mid-group
+    out.append(Case("gemv-m1-g64-steps16", GemvConfig(64, 1, 2, 1, 1, 1), 1, 128, 256, 64))
+    out.append(Case("gemv-m1-g64-steps11-midgroup", GemvConfig(64, 1, 3, 1, 1, 1), 1, 96, 256, 64, True))
+    out.append(Case("gemv-m3-g64-steps6-midgroup", GemvConfig(64, 2, 3, 1, 1, 4), 3, 128, 256, 64))
+    out.append(Case("gemv-m2-g128-steps8", GemvConfig(32, 2, 2, 1, 1, 2), 2, 64, 512, 128))
     for m, bm, bn, bk, g, split in ((7, 16, 64, 64, 64, 2), (16, 16, 32, 128, 64, 3), (33, 32, 64, 32, 32, 4)):
         out.append(Case(f"gemm-splitk-m{m}-g{g}", GemmConfig(bm, bn, bk, split), m, 128, 256, g, m % 2 == 1))
     for m, bm, g, split in ((2, 16, 128, 2), (16, 16, 64, 3), (64, 64, 128, 1)):
