@@ -40,8 +40,10 @@ class EngineOverrides:
             raise LmdError(f"--quant-policy {self.quant_policy} is unknown; use 0 (KV in compute dtype) or 4 (KV int8)")
 
     def as_kwargs(self) -> dict[str, Any]:
+        from lmd.chat.options import eager_overrides
+
         kwargs = {k: v for k, v in asdict(self).items() if v is not None and k != "enforce_eager"}
-        return kwargs | ({"cuda_graph": False} if self.enforce_eager else {})
+        return kwargs | eager_overrides(self.enforce_eager)
 
 
 def open_engine(model: str, model_name: str, overrides: EngineOverrides) -> Pipeline:

@@ -130,13 +130,16 @@ def with_sampling(config: GenerationConfig, **changes: Any) -> GenerationConfig:
     return dataclasses.replace(config, **changes)
 
 
+def eager_overrides(enforce_eager: bool) -> dict[str, Any]:
+    """The engine override of `--enforce-eager`: no decode CUDA graphs."""
+    return {"cuda_graph": False} if enforce_eager else {}
+
+
 def split_flags(flags: dict[str, Any]) -> tuple[GenerationConfig, dict[str, Any]]:
     """(sampling config, engine overrides) from a command's parameters; engine flags left unset keep config.ini's."""
     gen_config = generation_config(**{name: flags[name] for name in _SAMPLING_FLAGS})
     overrides = {name: flags[name] for name in _ENGINE_FLAGS if flags.get(name) is not None}
-    if flags.get("enforce_eager"):
-        overrides["cuda_graph"] = False
-    return gen_config, overrides
+    return gen_config, overrides | eager_overrides(bool(flags.get("enforce_eager")))
 
 
 @contextmanager

@@ -72,7 +72,7 @@ def serve_command(
         raise LmdError(f"--port {port} is not a TCP port; use 1..65535")
     if log_level not in LOG_LEVELS:
         raise LmdError(f"--log-level {log_level} is unknown; use one of {', '.join(LOG_LEVELS)}")
-    from lmd.chat.options import open_chat_engine
+    from lmd.chat.options import eager_overrides, open_chat_engine
     from lmd.turbomind.workspace import is_workspace
 
     if chat_template is not None and is_workspace(model):
@@ -90,10 +90,10 @@ def serve_command(
         device=device,
         dtype=dtype,
         tp=tp,
-        cuda_graph=False if enforce_eager else None,
     )
     keys = [k for k in (api_keys or []) if k]
-    with open_chat_engine(model, chat_template, {k: v for k, v in overrides.items() if v is not None}) as engine:
+    overrides = {k: v for k, v in overrides.items() if v is not None} | eager_overrides(enforce_eager)
+    with open_chat_engine(model, chat_template, overrides) as engine:
         _run(engine, model_name or _default_name(model), keys, host, port, log_level)
 
 

@@ -27,7 +27,8 @@ class Attention:
         t, d = x.shape[0], self.head_dim
         qkv = self.w_qkv(x)
         kernel = layer_kernel(qkv, "rotary")
-        if kernel is not None and qkv.stride(-1) == 1 and cos.shape[-1] % 2 == 0 and cos.is_contiguous():
+        if (kernel is not None and qkv.stride(-1) == 1 and cos.shape[-1] % 2 == 0 and cos.is_contiguous()
+                and sin.stride() == cos.stride()):
             slots = cache.float_slots(self.layer)  # float cache: K and V stored by the same kernel
             if slots is not None:
                 q, _, _ = kernel.rotary_qkv_triton(qkv, cos, sin, self.q_heads, self.kv_heads, d, *slots, batch.slots)

@@ -21,6 +21,7 @@ scratch block and the metadata are checked where no GPU is.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 
 import torch
@@ -29,6 +30,10 @@ from lmd.turbomind.forward_batch import ForwardBatch
 from lmd.turbomind.kernels.paged_attention import _BatchMeta
 from lmd.turbomind.kv_cache import KVCache
 from lmd.turbomind.model import LlamaModel
+
+
+def _zeros(count: int) -> array:
+    return array("i", bytes(4 * count))
 
 
 def batch_buckets(max_batch: int) -> list[int]:
@@ -91,17 +96,25 @@ class DecodeGraphs:
                     self.graphs[b] = self._capture(b)
 
     def _fill(self, chunks: Sequence[tuple[list[int], int, list[int]]], b: int) -> None:
-        n = len(chunks)
-        ids, positions, slots, lens, table_rows = [], [], [], [], []
-        width = self.tables.shape[1]
-        for (token_ids, start, table) in chunks:
+        n, bs = len(chunks), self.block_size
+        lens = [start + 1 for _, start, _ in chunks]
+        # only the block-table columns some row uses are written: the kernels never read a row past its length, so
+        # older entries further right are never looked at (and are valid block ids anyway)
+        width = max((-(-length // bs) for length in lens), default=1)
+        flat = array("i")
+        ids, positions, slots = [], [], []
+        for (token_ids, start, table), length in zip(chunks, lens, strict=True):
             ids.append(token_ids[0])
             positions.append(start)
-            slots.append(table[start // self.block_size] * self.block_size + start % self.block_size)
-            lens.append(start + 1)
-            used = table[: -(-(start + 1) // self.block_size)]
-            table_rows.append(used + [0] * (width - len(used)))
+            slots.append(table[start // bs] * bs + start % bs)
+            used = -(-length // bs)
+            flat.extend(table[:used])
+            flat.extend(_zeros(width - used))
         pad = b - n  # rows n .. b-1: the scratch slot, one key
+        scratch = self.scratch_slot // bs
+        for _ in range(pad):
+            flat.append(scratch)
+            flat.extend(_zeros(width - 1))
         host = torch.tensor([ids + [0] * pad, positions + [0] * pad, slots + [self.scratch_slot] * pad,
                              lens + [1] * pad], dtype=torch.int64)
         self.input_ids[:b].copy_(host[0], non_blocking=True)
@@ -109,9 +122,7 @@ class DecodeGraphs:
         self.slots[:b].copy_(host[2], non_blocking=True)
         self.seq_lens[:b].copy_(host[3], non_blocking=True)
         self.seq_info[:b, 2].copy_(host[3].to(torch.int32), non_blocking=True)
-        scratch = self.scratch_slot // self.block_size
-        rows = torch.tensor(table_rows + [[scratch] + [0] * (width - 1)] * pad, dtype=torch.int32).view(b, width)
-        self.tables[:b].copy_(rows, non_blocking=True)
+        self.tables[:b, :width].copy_(torch.frombuffer(flat, dtype=torch.int32).view(b, width), non_blocking=True)
 
     def _batch(self, b: int, ctx_lens: list[int]) -> ForwardBatch:
         """The static buffers' first b rows as a ForwardBatch. The host tuples describe the same rows for the

@@ -35,5 +35,8 @@ def triton_module(name: str) -> ModuleType | None:
 
 
 def layer_kernel(x: torch.Tensor, name: str) -> ModuleType | None:
-    """The layer-op kernel module `name` when it should run on x, else None."""
-    return triton_module(name) if triton_requested(x, LAYER_OPS_ENV) else None
+    """The layer-op kernel module `name` when it should run on x, else None (also for CPU tensors without
+    TRITON_INTERPRET=1: no driver could launch it, so the reference runs, as for the attention)."""
+    if not triton_requested(x, LAYER_OPS_ENV) or not (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
+        return None
+    return triton_module(name)

@@ -124,13 +124,11 @@ class ModelRunner:
 
     def _graphs_supported(self, engine_cfg: EngineConfig) -> bool:
         """Captured steps must run the Triton attention (the reference path loops over host-side lengths)."""
-        from lmd.turbomind.paged_attention import _triton_kernel, _triton_requested
+        from lmd.turbomind.paged_attention import triton_attention_runs
 
         heads = self.model.layers[0].attention.q_heads
         q = torch.empty(1, heads, self.model.cfg.size_per_head, dtype=self.dtype, device=self.device)
-        kernel = _triton_kernel()
-        return (engine_cfg.use_context_fmha and _triton_requested(q) and kernel is not None
-                and kernel[1](q, self.cache) is None)
+        return triton_attention_runs(q, self.cache, engine_cfg.use_context_fmha)
 
     def enable_decode_graphs(self, capture: bool) -> None:
         """Run decode steps on the static buffers of `DecodeGraphs` (capture=False: eagerly, e.g. on CPU)."""

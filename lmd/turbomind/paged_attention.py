@@ -27,11 +27,17 @@ def paged_attention(
     """q [T, Hq, D] (new tokens, already rotated; their K/V already written) -> out [T, Hq, D].
     `fused` (config.ini use_context_fmha) picks SDPA / the Triton kernel; False runs the explicit softmax path.
     A shape or device the kernel does not take (e.g. head dim 80, CPU without the interpreter) runs the reference."""
-    if fused and _triton_requested(q):
-        kernel = _triton_kernel()
-        if kernel is not None and kernel[1](q, cache) is None:
-            return kernel[0](q, cache, layer, batch, scale)
+    if triton_attention_runs(q, cache, fused):
+        return _triton_kernel()[0](q, cache, layer, batch, scale)
     return paged_attention_reference(q, cache, layer, batch, scale, fused)
+
+
+def triton_attention_runs(q: torch.Tensor, cache: KVCache, fused: bool = True) -> bool:
+    """Whether `paged_attention` takes the Triton kernels for queries like q (else the reference)."""
+    if not (fused and _triton_requested(q)):
+        return False
+    kernel = _triton_kernel()
+    return kernel is not None and kernel[1](q, cache) is None
 
 
 def _triton_requested(q: torch.Tensor) -> bool:
