@@ -83,13 +83,39 @@ def cases(t: int, dtype: torch.dtype, dev: torch.device) -> list[dict]:
 
     q_ref = reference()
     k_ref, v_ref = (x[slots].clone() for x in cache.float_slots(0))
+    for x in cache.float_slots(0):  # the kernel must write every slot of the batch and nothing else
+        x.fill_(float("nan"))
     q = rotary_qkv_triton(qkv, cos, sin, HEADS, KV_HEADS, HEAD_DIM, *cache.float_slots(0), slots)[0]
     k_out, v_out = (x[slots] for x in cache.float_slots(0))
-    out.append(dict(op="rope+kv write", err=max(rel(q, q_ref), rel(k_out, k_ref), rel(v_out, v_ref)), sum_err=0.0,
+    others = torch.ones(cache.num_blocks * 64, dtype=torch.bool, device=dev)
+    others[slots] = False
+    untouched = all(bool(x[others].isnan().all()) for x in cache.float_slots(0))
+    err = max(rel(q, q_ref), rel(k_out, k_ref), rel(v_out, v_ref)) if untouched else float("inf")
+    out.append(dict(op="rope+kv write", err=err, sum_err=0.0,
                     kernel_us=graph_us(lambda: rotary_qkv_triton(qkv, cos, sin, HEADS, KV_HEADS, HEAD_DIM,
                                                                  *cache.float_slots(0), slots)),
                     reference_us=graph_us(reference)))
     return out
+
+
+def far_slots_case(dev: torch.device) -> dict:
+    """K/V stored at slots whose element offsets pass 2^31 (a large pool): int64 addressing in the kernel."""
+    dtype, t = torch.float16, 4
+    per_slot = KV_HEADS * HEAD_DIM
+    num_slots = (2**31) // per_slot + 1024
+    k_cache = torch.full((num_slots, KV_HEADS, HEAD_DIM), float("nan"), dtype=dtype, device=dev)
+    v_cache = torch.full_like(k_cache, float("nan"))
+    slots = torch.arange(num_slots - t, num_slots, device=dev)
+    qkv = torch.randn(t, (HEADS + 2 * KV_HEADS) * HEAD_DIM, device=dev).to(dtype)
+    cos, sin = torch.ones(t, HEAD_DIM, device=dev, dtype=dtype), torch.zeros(t, HEAD_DIM, device=dev, dtype=dtype)
+    rotary_qkv_triton(qkv, cos, sin, HEADS, KV_HEADS, HEAD_DIM, k_cache, v_cache, slots)
+    k_want = qkv[:, HEADS * HEAD_DIM: (HEADS + KV_HEADS) * HEAD_DIM].reshape(t, KV_HEADS, HEAD_DIM)
+    v_want = qkv[:, (HEADS + KV_HEADS) * HEAD_DIM:].reshape(t, KV_HEADS, HEAD_DIM)
+    err = max(rel(k_cache[slots], k_want), rel(v_cache[slots], v_want))  # cos 1, sin 0: k unchanged
+    del k_cache, v_cache
+    torch.cuda.empty_cache()
+    return dict(op="kv write > 2^31", err=err, sum_err=0.0, kernel_us=0.0, reference_us=0.0, dtype="float16",
+                tokens=t, ok=err == 0.0)
 
 
 def main() -> int:
@@ -100,13 +126,15 @@ def main() -> int:
             for r in cases(t, dtype, dev):
                 ok = r["err"] <= TOL[dtype] and r["sum_err"] == 0.0
                 rows.append(dict(r, dtype=str(dtype).removeprefix("torch."), tokens=t, ok=ok))
+    rows.append(far_slots_case(dev))
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "gpu_layer_ops_tests.json").write_text(json.dumps(rows, indent=1))
     print(f"\n{torch.cuda.get_device_name()}, Llama-2-7B shapes (hidden {HIDDEN}, inter {INTER}, {HEADS}x{HEAD_DIM})")
     print(f"{'op':14} {'dtype':9} {'tokens':>6} {'rel err':>9} {'kernel us':>10} {'reference us':>13} {'speed-up':>9}")
     for r in rows:
+        speed = f"{r['reference_us'] / r['kernel_us']:8.1f}x" if r["kernel_us"] else f"{'-':>9}"
         print(f"{r['op']:14} {r['dtype']:9} {r['tokens']:6d} {r['err']:9.2e} {r['kernel_us']:10.1f} "
-              f"{r['reference_us']:13.1f} {r['reference_us'] / r['kernel_us']:8.1f}x{'' if r['ok'] else '  FAIL'}")
+              f"{r['reference_us']:13.1f} {speed}{'' if r['ok'] else '  FAIL'}")
     failures = sum(not r["ok"] for r in rows)
     print(f"{len(rows)} checks, {failures} failures")
     return 1 if failures else 0

@@ -37,6 +37,7 @@ class Case:
     k: int
     group: int
     bias: bool = False
+    outliers: bool = False  # a few activation channels 1000x the rest (LLM hidden states have such channels)
 
 
 def _cases() -> list[Case]:
@@ -49,6 +50,7 @@ def _cases() -> list[Case]:
     out.append(Case("gemv-m1-g64-steps11-midgroup", GemvConfig(64, 1, 3, 1, 1, 1), 1, 96, 256, 64, True))
     out.append(Case("gemv-m3-g64-steps6-midgroup", GemvConfig(64, 2, 3, 1, 1, 4), 3, 128, 256, 64))
     out.append(Case("gemv-m2-g128-steps8", GemvConfig(32, 2, 2, 1, 1, 2), 2, 64, 512, 128))
+    out.append(Case("gemv-m1-g128-outliers", GemvConfig(64, 2, 2, 1, 1, 1), 1, 128, 512, 128, outliers=True))
     for m, bm, bn, bk, g, split in ((7, 16, 64, 64, 64, 2), (16, 16, 32, 128, 64, 3), (33, 32, 64, 32, 32, 4)):
         out.append(Case(f"gemm-splitk-m{m}-g{g}", GemmConfig(bm, bn, bk, split), m, 128, 256, g, m % 2 == 1))
     for m, bm, g, split in ((2, 16, 128, 2), (16, 16, 64, 3), (64, 64, 128, 1)):
@@ -82,7 +84,10 @@ def run_case(case: Case) -> float:
     gen = torch.Generator().manual_seed(zlib.crc32(case.name.encode()))
     w = torch.randn(case.n, case.k, generator=gen) * 0.05
     qw, s, z = quantize_to_engine(w, case.group, torch.float16)
-    x = torch.randn(case.m, case.k, generator=gen).to(torch.float16)
+    x = torch.randn(case.m, case.k, generator=gen)
+    if case.outliers:
+        x[:, 3::97] *= 1000.0
+    x = x.to(torch.float16)
     bias = torch.randn(case.n, generator=gen).to(torch.float16) if case.bias else None
     ref = w4a16_matmul_reference(x, qw, s, z).float()
     if bias is not None:

@@ -1,7 +1,8 @@
 """The GEMV's PTX decode block, executed here instruction by instruction on random words: each output must be the
-fp32 value the plain-Triton twin (the interpreter path the other tests run) computes for that nibble.
+unit float of its nibble, 1 + c/16 (odd) or 1 + c/256 (even), the values the plain-Triton twin `unit_float_pair`
+defines and the interpreter tests check through the whole kernel.
 
-The GPU runs the PTX text, CI runs the twin; this ties the two together where no GPU is."""
+The GPU runs the PTX text, CI runs the twin; this ties the two to the same formula where no GPU is."""
 
 from __future__ import annotations
 
