@@ -139,6 +139,8 @@ def candidates(bucket: int, n: int, k: int, group: int, device: torch.device) ->
         for bn, bk8, warps in ((1024, 1, 4), (1024, 2, 4), (512, 4, 2), (1024, 4, 4), (2048, 1, 8), (2048, 2, 8)):
             for steps in (1, 2, 4, 8):  # 8 columns per thread: x loads and conversions spread over more weights
                 out.append(_gemv(bucket, k, bn, bk8, warps, steps))
+        for bn, bk8, warps in ((512, 1, 2), (256, 2, 2), (1024, 1, 4), (512, 2, 4)):
+            out.append(_gemv(bucket, k, bn, bk8, warps, max(1, group // (8 * bk8))))  # a group per program: one fold
     elif bucket <= 4:
         for bn, bk8, warps in ((128, 1, 1), (256, 1, 2), (512, 1, 2), (256, 2, 2), (128, 8, 1), (256, 4, 1),
                                (512, 2, 4), (1024, 1, 4), (512, 1, 4), (1024, 2, 4)):
