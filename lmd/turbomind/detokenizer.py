@@ -5,6 +5,10 @@ render a token's leading space differently at the start of a text. Each push the
 starts a few tokens back (`_prefix`), so the tokenizer sees the token in context, and emits only the text that the
 window adds beyond what was already emitted (`_read`). While the window's text ends in U+FFFD the token completes a
 character only together with later tokens, so nothing is emitted and the window grows until the character is whole.
+
+Windows are decoded by the Rust `tokenizers` backend directly when the tokenizer has one and does no clean-up of
+spaces (transformers' own `decode` then returns exactly the backend's text): the Python wrapper around it cost more
+than the decoding (two decodes per generated token).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ PROMPT_CONTEXT_TOKENS = 5
 class IncrementalDetokenizer:
     def __init__(self, tokenizer, prompt_ids: list[int], skip_special_tokens: bool = True) -> None:
         self._tokenizer = tokenizer
+        self._backend_decode = backend_decoder(tokenizer)
         self._skip_special_tokens = skip_special_tokens
         # The tail of the prompt gives the first generated tokens their context; it is never emitted.
         self._ids: list[int] = list(prompt_ids[-PROMPT_CONTEXT_TOKENS:])
@@ -59,7 +64,17 @@ class IncrementalDetokenizer:
     def _decode(self, ids: list[int]) -> str:
         if not ids:
             return ""
+        if self._backend_decode is not None:
+            return self._backend_decode(ids, skip_special_tokens=self._skip_special_tokens)
         return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special_tokens)
+
+
+def backend_decoder(tokenizer):
+    """The `tokenizers` backend's decode when transformers' decode adds nothing to it (no space clean-up), else None."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return None
+    return backend.decode
 
 
 def _common_prefix_length(a: str, b: str) -> int:

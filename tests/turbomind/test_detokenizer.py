@@ -66,3 +66,23 @@ def test_random_texts_and_random_ids_stream_to_the_full_decode(tokenizer):
     for _ in range(60):  # arbitrary ids may be invalid UTF-8: the stream still equals one decode of them all
         ids = [rng.randrange(len(tokenizer)) for _ in range(rng.randint(1, 12))]
         assert "".join(stream(tokenizer, [], ids)) == tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def test_backend_decode_is_used_and_equals_transformers_decode(tokenizer):
+    from lmd.turbomind.detokenizer import backend_decoder
+
+    decode = backend_decoder(tokenizer)
+    assert decode is not None  # SmolLM2: a fast tokenizer without space clean-up
+    rng = random.Random(3)
+    for _ in range(50):
+        ids = [rng.randrange(len(tokenizer)) for _ in range(rng.randrange(1, 12))]
+        for skip in (True, False):
+            assert decode(ids, skip_special_tokens=skip) == tokenizer.decode(ids, skip_special_tokens=skip)
+
+
+def test_tokenizers_that_clean_up_spaces_keep_transformers_decode(tokenizer, monkeypatch):
+    from lmd.turbomind.detokenizer import backend_decoder
+
+    monkeypatch.setattr(tokenizer, "clean_up_tokenization_spaces", True)
+    assert backend_decoder(tokenizer) is None
+    assert backend_decoder(object()) is None  # no backend at all (a slow tokenizer)
