@@ -117,12 +117,21 @@ def _run(engine: Any, name: str, keys: list[str], host: str, port: int, log_leve
         ("max batch size", cfg.max_batch_size),
         ("KV blocks", f"{stats.blocks_total} x {cfg.cache_block_seq_len} tokens"),
         ("KV cache", "int8" if cfg.quant_policy == 4 else "compute dtype"),
+        ("decode steps", _decode_mode(engine)),
         ("API keys", f"{len(keys)} accepted" if keys else "none (open)"),
     ):
         table.add_row(key, str(value))
     Console(stderr=True).print(table)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
     _stoppable_server_class()(config, app.state.server.abort_all).run()
+
+
+def _decode_mode(engine: Any) -> str:
+    graphs = engine.runner.graphs
+    if graphs is None:
+        return "eager"
+    buckets = graphs.buckets
+    return f"CUDA graphs, batch buckets {buckets[0]}..{buckets[-1]}" if graphs.capture else "eager (static buffers)"
 
 
 def _stoppable_server_class() -> type:

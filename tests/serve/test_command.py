@@ -127,3 +127,4 @@ def test_real_server_process(serve_ws) -> None:
         _, stderr = server.communicate(timeout=30)
     assert server.returncode == 0, stderr
     assert "Traceback" not in stderr and "lmd serve" in stderr  # the startup table
+    assert "decode steps" in stderr and "eager" in stderr  # CPU: no CUDA graphs
