@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import traceback
 import zlib
 from dataclasses import dataclass
 
@@ -26,6 +25,7 @@ from lmd.turbomind.kernels.w4a16_gemm import GemmConfig  # noqa: E402
 from lmd.turbomind.kernels.w4a16_gemm_wt import WtGemmConfig  # noqa: E402
 from lmd.turbomind.kernels.w4a16_gemv import GemvConfig  # noqa: E402
 from lmd.turbomind.kernels.w4a16_layout import dequantize, quantize_to_engine, w4a16_matmul_reference  # noqa: E402
+from tests.turbomind.kernels.interpreter import run_jobs  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -102,12 +102,7 @@ def run_case(case: Case) -> float:
 
 
 def main() -> None:
-    results: dict[str, object] = {}
-    for case in CASES:
-        try:
-            results[case.name] = run_case(case)
-        except Exception:
-            results[case.name] = traceback.format_exc(limit=3)
+    results = run_jobs({case.name: (lambda case=case: run_case(case)) for case in CASES}, limit=3)
     qw, s, z = quantize_to_engine(torch.randn(64, 128), 32, torch.float16)
     results["dequant-kernel"] = (dequantize_triton(qw, s, z, torch.float16).float()
                                  - dequantize(qw, s, z).float()).abs().max().item()

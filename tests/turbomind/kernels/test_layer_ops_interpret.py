@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-import traceback
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
+from tests.turbomind.kernels.interpreter import run_interpreted, run_jobs
+
 ULP = {"fp32": 1e-6, "fp16": 2e-3}  # error relative to the output's largest magnitude: one fp16 rounding step
 
 
@@ -93,7 +91,6 @@ def rotary_case(dtype: str, head_dim: int, rot: int, to_cache: bool) -> float:
 def model_logits(ws: str) -> dict[str, float]:
     """A tiny model's logits (prefills, a decode beside a chunk, decodes) with LMD_LAYER_OPS=triton vs reference;
     float KV (RoPE kernel stores K/V) and online int8 KV (RoPE kernel, then KVCache.write)."""
-    sys.path.insert(0, str(REPO))
     from tests.turbomind.kernels.test_paged_attention_interpret import engine_logits
 
     out = {}
@@ -121,12 +118,7 @@ def main(ws: str) -> None:
             **{n: (lambda a=a: silu_case(*a)) for n, a in SILU_CASES.items()},
             **{n: (lambda a=a: rotary_case(*a)) for n, a in ROTARY_CASES.items()},
             "model": lambda: model_logits(ws)}
-    results: dict[str, object] = {}
-    for name, job in jobs.items():
-        try:
-            results[name] = job()
-        except Exception:
-            results[name] = traceback.format_exc(limit=4)
+    results = run_jobs(jobs)
     json.dump(results, sys.stdout)
 
 
@@ -137,12 +129,7 @@ if __name__ == "__main__":
 @pytest.fixture(scope="module")
 def interpreted(tiny_llama_ws) -> dict:
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO), LMD_ATTENTION="reference")
-    proc = subprocess.run(
-        [sys.executable, __file__, str(tiny_llama_ws[1])], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout)
+    return run_interpreted(__file__, str(tiny_llama_ws[1]), LMD_ATTENTION="reference")
 
 
 @pytest.mark.parametrize("name", NORM_CASES)

@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import traceback
 import zlib
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
+from tests.turbomind.kernels.interpreter import run_interpreted, run_jobs
+
 TOL = {"fp32": 2e-5, "fp16": 4e-3}  # fp16: the kernel rounds P to fp16 before P @ V (flash-attention style)
 
 
@@ -202,16 +201,9 @@ def run_engine(ws: str) -> dict[str, float]:
 
 def main(ws: str) -> None:
     assert os.environ.get("TRITON_INTERPRET") == "1", "run under TRITON_INTERPRET=1"
-    results: dict[str, object] = {}
-    jobs = [(c.name, lambda c=c: run_case(c)) for c in CASES] + [
-        (DISPATCHED, run_dispatched),
-        ("bad-shapes", run_bad_shapes),
-    ]
-    for name, job in jobs:
-        try:
-            results[name] = job()
-        except Exception:
-            results[name] = traceback.format_exc(limit=4)
+    jobs = {c.name: (lambda c=c: run_case(c)) for c in CASES} | {DISPATCHED: run_dispatched,
+                                                                  "bad-shapes": run_bad_shapes}
+    results = run_jobs(jobs)
     try:
         results.update(run_engine(ws))
     except Exception:
@@ -227,12 +219,7 @@ if __name__ == "__main__":
 @pytest.fixture(scope="module")
 def interpreted(tiny_llama_ws) -> dict:
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO), LMD_ATTENTION="reference")
-    proc = subprocess.run(
-        [sys.executable, __file__, str(tiny_llama_ws[1])], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout)
+    return run_interpreted(__file__, str(tiny_llama_ws[1]), LMD_ATTENTION="reference")
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)

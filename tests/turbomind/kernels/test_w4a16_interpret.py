@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,19 +9,15 @@ import pytest
 pytest.importorskip("triton")
 
 from tests.turbomind.kernels.interpret_cases import CASES  # noqa: E402
+from tests.turbomind.kernels.interpreter import run_interpreted  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[3]
 TOL = 3e-3  # fp16 weights and outputs: rounding alone gives ~5e-4
 
 
 @pytest.fixture(scope="module")
 def interpreted() -> dict:
     """All cases in one fresh process: TRITON_INTERPRET must be set before Triton decorates the kernels."""
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("interpret_cases.py"))], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout)
+    return run_interpreted(Path(__file__).with_name("interpret_cases.py"))
 
 
 @pytest.mark.parametrize("name", [case.name for case in CASES])
