@@ -39,15 +39,19 @@ from lmd.turbomind.gen_config import GenerationConfig  # noqa: E402
 SHAPE = dict(zip(SHAPE_KEYS, (1024, 2816, 4, 16, 4), strict=True), vocab_size=4000)  # head_dim 64, GQA 4
 
 
+def open_engine(ws: Path, device: torch.device, cuda_graph: bool = True) -> Engine:
+    """The checks' engine: fp16 on CUDA (fp32 on CPU), 16 sequences of up to 1024 tokens."""
+    dtype = "fp16" if device.type == "cuda" else "fp32"
+    return Engine(ws, device=str(device), dtype=dtype, max_batch_size=16, session_len=1024, cuda_graph=cuda_graph)
+
+
 def generate_all(ws: Path, attention: str, prompts: list[list[int]], new_tokens: int, device: torch.device,
                  cuda_graph: bool = False) -> tuple[list[list[int]], float, float, bool]:
     """-> (tokens per prompt, seconds for all prompts, engine start seconds, whether decode graphs were on)."""
     os.environ["LMD_ATTENTION"] = attention
     gen = GenerationConfig(max_new_tokens=new_tokens, top_k=1, ignore_eos=True)
-    dtype = "fp16" if device.type == "cuda" else "fp32"
     start = time.perf_counter()
-    with Engine(ws, device=str(device), dtype=dtype, max_batch_size=16, session_len=1024,
-                cuda_graph=cuda_graph) as engine:
+    with open_engine(ws, device, cuda_graph) as engine:
         started = time.perf_counter() - start
         graphs = engine.runner.graphs is not None
         engine.generate(prompts[0][:8], gen, request_id="warm").result()
@@ -67,8 +71,7 @@ def graph_step_errors(ws: Path, prompts: list[list[int]], new_tokens: int, devic
     errors: dict[str, list[float]] = {"graph-triton": [], "graph-reference": [], "triton-reference": []}
     argmax_same = {key: 0 for key in errors}
     steps = 0
-    dtype = "fp16" if device.type == "cuda" else "fp32"
-    with Engine(ws, device=str(device), dtype=dtype, max_batch_size=16, session_len=1024) as engine:
+    with open_engine(ws, device) as engine:
         runner = engine.runner
         if device.type != "cuda":
             runner.enable_decode_graphs(capture=False)

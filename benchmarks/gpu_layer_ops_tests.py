@@ -1,6 +1,6 @@
 """The Triton layer ops on a GPU at Llama-2-7B shapes: residual add + RMSNorm, SiLU * up, RoPE + KV write, each
 against its PyTorch reference (fp16 and bf16: the CPU interpreter in CI computes bf16 wrongly), and their time
-against the reference's (CUDA graphs of 20 calls, median of 20 replays).
+against the reference's (CUDA graphs of 20 calls, median of 20 replays, warmed up on a side stream).
 
     python3 benchmarks/gpu_layer_ops_tests.py
 
@@ -20,6 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.kernels import graph_time_us  # noqa: E402
 from lmd.turbomind.kernels.rms_norm import add_rms_norm_triton  # noqa: E402
 from lmd.turbomind.kernels.rotary import rotary_qkv_triton  # noqa: E402
 from lmd.turbomind.kernels.silu_mul import silu_mul_triton  # noqa: E402
@@ -35,22 +36,9 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
 
 
-def graph_us(fn, calls: int = 20, replays: int = 20) -> float:
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    return sorted(times)[len(times) // 2]
+def graph_us(fn, calls: int = 20) -> float:
+    """Median µs of one call, `calls` of them captured in one CUDA graph (kernels.py's timing)."""
+    return graph_time_us([fn] * calls, reps=20)
 
 
 def cases(t: int, dtype: torch.dtype, dev: torch.device) -> list[dict]:
