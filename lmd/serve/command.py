@@ -128,10 +128,9 @@ def _run(engine: Any, name: str, keys: list[str], host: str, port: int, log_leve
 
 def _decode_mode(engine: Any) -> str:
     graphs = engine.runner.graphs
-    if graphs is None:
+    if graphs is None or not graphs.capture:
         return "eager"
-    buckets = graphs.buckets
-    return f"CUDA graphs, batch buckets {buckets[0]}..{buckets[-1]}" if graphs.capture else "eager (static buffers)"
+    return f"CUDA graphs, batch buckets {graphs.buckets[0]}..{graphs.buckets[-1]}"
 
 
 def _stoppable_server_class() -> type:

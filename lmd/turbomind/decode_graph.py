@@ -80,9 +80,7 @@ class DecodeGraphs:
         self._fill(chunks, b)
         if not self.capture:
             return self.model.forward(self._batch(b, [start + 1 for _, start, _ in chunks]), self.cache)[:n]
-        if b not in self.graphs:
-            self.graphs[b] = self._capture(b)
-        graph, logits = self.graphs[b]
+        graph, logits = self.graphs[b]  # every bucket was captured at start (capture_all)
         graph.replay()
         return logits[:n].clone()
 
@@ -91,23 +89,22 @@ class DecodeGraphs:
         """Capture every bucket now (largest first: the smaller graphs reuse its memory pool)."""
         if self.capture:
             for b in reversed(self.buckets):
-                if b not in self.graphs:
-                    self._fill([], b)
-                    self.graphs[b] = self._capture(b)
+                self._fill([], b)
+                self.graphs[b] = self._capture(b)
 
     def _fill(self, chunks: Sequence[tuple[list[int], int, list[int]]], b: int) -> None:
         n, bs = len(chunks), self.block_size
         lens = [start + 1 for _, start, _ in chunks]
+        blocks = [-(-length // bs) for length in lens]
         # only the block-table columns some row uses are written: the kernels never read a row past its length, so
         # older entries further right are never looked at (and are valid block ids anyway)
-        width = max((-(-length // bs) for length in lens), default=1)
+        width = max(blocks, default=1)
         flat = array("i")
         ids, positions, slots = [], [], []
-        for (token_ids, start, table), length in zip(chunks, lens, strict=True):
+        for (token_ids, start, table), used in zip(chunks, blocks, strict=True):
             ids.append(token_ids[0])
             positions.append(start)
             slots.append(table[start // bs] * bs + start % bs)
-            used = -(-length // bs)
             flat.extend(table[:used])
             flat.extend(_zeros(width - used))
         pad = b - n  # rows n .. b-1: the scratch slot, one key
