@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import sys
+from itertools import groupby
 from pathlib import Path
 
 import torch
@@ -27,7 +28,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.kernels import copies_for, graph_time_us  # noqa: E402
-from lmd.turbomind.kernels.w4a16 import run_plan  # noqa: E402
+from lmd.turbomind.kernels.w4a16 import compile_all, run_plan  # noqa: E402
 from lmd.turbomind.kernels.w4a16_epilogue import split_k_steps  # noqa: E402
 from lmd.turbomind.kernels.w4a16_gemm_wt import WtGemmConfig  # noqa: E402
 from lmd.turbomind.kernels.w4a16_gemv import GemvConfig  # noqa: E402
@@ -100,16 +101,39 @@ def plans_for(m: int, k: int) -> list:
     return out
 
 
-def plan_rows(n: int, k: int, ms: list[int], dev: torch.device) -> list[dict]:
+def split_sweep(m: int, k: int) -> list:
+    """`frag` and `frag-x` tiles for few tokens over split-K 1..16: short programs (few K steps, many CTAs) against
+    long ones, x.T reordered per tile against once per call. At M = 1: GEMV tiles over split-K 16..152 in steps of
+    8 (whole and partial waves of programs)."""
+    if m == 1:
+        return [GemvConfig(bn, bk8, split, warps, 1, 1) for bn, bk8, warps in
+                ((1024, 2, 4), (512, 2, 2), (512, 2, 4), (256, 2, 2), (1024, 1, 4), (2048, 2, 8))
+                for split in range(16, 160, 8)]
+    bm = max(16, min(m, 64))
+    out = []
+    for decode in ("frag", "frag-x"):
+        for bn, warps in ((64, 4), (128, 8)):
+            for bk in (64, 128, 256):
+                for split in (1, 2, 4, 8, 16):
+                    for stages in (3, 4):
+                        if k // bk // split >= 1:
+                            out.append(WtGemmConfig(bn, bm, bk, split, warps, stages, decode))
+    return out
+
+
+def plan_rows(n: int, k: int, ms: list[int], dev: torch.device, sweep: bool = False, l2: bool = False) -> list[dict]:
     qw, s, z = quantize_to_engine(torch.randn(n, k, device=dev) * 0.02, 128, torch.float16)
     weight_bytes = qw.numel() * 4 + 2 * s.numel() * 2
     copies = copies_for(weight_bytes)
-    weights = [(qw.clone(), s.clone(), z.clone()) for _ in range(copies)]
+    # l2: every call reads the same weights, which then stay in the 60 MB L2 (the kernel's ceiling without HBM)
+    weights = [(qw, s, z)] * copies if l2 else [(qw.clone(), s.clone(), z.clone()) for _ in range(copies)]
     rows = []
     for m in ms:
         x = torch.randn(m, k, device=dev, dtype=torch.float16)
         ref = w4a16_matmul_reference(x, qw, s, z).float()
-        for plan in plans_for(m, k):
+        plans = (split_sweep if sweep else plans_for)(m, k)
+        compile_all(plans, x, qw, s, z)  # Triton compiles on a thread pool; the timing below is serial
+        for plan in plans:
             try:
                 err = ((run_plan(plan, x, qw, s, z).float() - ref).norm() / ref.norm()).item()
                 us = graph_time_us([lambda w=w, p=plan, x=x: run_plan(p, x, *w) for w in weights])
@@ -126,20 +150,28 @@ def main() -> None:
     parser.add_argument("--shapes", default="4096x4096,11008x4096", help="comma list of NxK")
     parser.add_argument("--plans-m", default="1,2,4,16,64", help="token counts for the plan comparison")
     parser.add_argument("--no-stream", action="store_true", help="skip the streaming ceiling sweep")
+    parser.add_argument("--split-sweep", action="store_true",
+                        help="instead of the fixed plans: `frag` tiles over split-K 1..16, warps and stages")
+    parser.add_argument("--l2-resident", action="store_true",
+                        help="time plans on one weight copy that stays in L2 (what the math costs without HBM)")
     args = parser.parse_args()
     dev = torch.device("cuda")
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     ms = [int(v) for v in args.plans_m.split(",")]
     stream, plans = [], []
     for n, k in shapes:
-        plans += plan_rows(n, k, ms, dev)
+        plans += plan_rows(n, k, ms, dev, args.split_sweep, args.l2_resident)
         if not args.no_stream:
             stream += stream_rows(n, k, dev)
     out = Path(os.environ.get("OUT", "."), "w4a16_probe.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(dict(gpu=torch.cuda.get_device_name(dev), stream=stream, plans=plans), indent=1))
     print("\n| N×K | streaming config | CTAs | µs | TB/s |\n|---|---|---:|---:|---:|")
     for r in stream:
         print(f"| {r['n']}×{r['k']} | `{r['config']}` | {r['ctas']} | {r['us']:.1f} | {r['tbps']:.2f} |")
+    if args.split_sweep:  # the fastest dozen of each (shape, M)
+        ranked = sorted((r for r in plans if "error" not in r), key=lambda r: (r["n"], r["k"], r["m"], r["us"]))
+        plans = [r for _, case in groupby(ranked, key=lambda r: (r["n"], r["k"], r["m"])) for r in list(case)[:12]]
     print("\n| N×K | M | plan | µs | weight TB/s | rel err |\n|---|---:|---|---:|---:|---:|")
     for r in plans:
         if "error" in r:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmd.turbomind.kernels.w4a16 import default_plan, m_bucket, w4a16_linear
+from lmd.turbomind.kernels.w4a16 import default_plan, m_bucket, output_is_wrong, w4a16_linear
 from lmd.turbomind.kernels.w4a16_layout import (
     AWQ_ORDER,
     awq_to_engine,
@@ -94,3 +94,16 @@ def test_buckets_and_default_paths() -> None:
     cpu = torch.device("cpu")
     names = [default_plan(m_bucket(m), 4096, 4096, 128, cpu).name().split()[0] for m in (1, 4, 16, 64, 256)]
     assert names == ["gemv", "gemv", "gemm", "gemm", "gemm"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_tuner_tells_rounding_from_wrong_output(dtype: torch.dtype) -> None:
+    qw, s, z = quantize_to_engine(torch.randn(64, 256) * 0.02, 64, dtype)
+    x = torch.randn(3, 256, dtype=dtype)
+    ref = w4a16_matmul_reference(x.float(), qw, s.float(), z.float())  # fp32 end to end
+    rounded = w4a16_matmul_reference(x, qw, s, z)  # the same product rounded to the act dtype
+    assert not output_is_wrong(rounded, ref)
+    racing = rounded.clone()
+    racing[1] = rounded[2]  # one token row overwritten by another's, as a race between tiles leaves it
+    assert output_is_wrong(racing, ref)
+    assert output_is_wrong(torch.full_like(rounded, float("nan")), ref)
