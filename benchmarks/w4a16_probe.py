@@ -102,9 +102,9 @@ def plans_for(m: int, k: int) -> list:
 
 
 def split_sweep(m: int, k: int) -> list:
-    """`frag` and `frag-x` tiles for few tokens over split-K 1..16: short programs (few K steps, many CTAs) against
-    long ones, x.T reordered per tile against once per call. At M = 1: GEMV tiles over split-K 16..152 in steps of
-    8 (whole and partial waves of programs)."""
+    """`frag` and `frag-x` tiles for few tokens over split-K 1..16 (3, 5, 6 too: grids that fill one wave): short
+    programs (few K steps, many CTAs) against long ones, x.T reordered per tile against once per call. At M = 1:
+    GEMV tiles over split-K 16..152 in steps of 8 (whole and partial waves of programs)."""
     if m == 1:
         return [GemvConfig(bn, bk8, split, warps, 1, 1) for bn, bk8, warps in
                 ((1024, 2, 4), (512, 2, 2), (512, 2, 4), (256, 2, 2), (1024, 1, 4), (2048, 2, 8))
@@ -114,7 +114,7 @@ def split_sweep(m: int, k: int) -> list:
     for decode in ("frag", "frag-x"):
         for bn, warps in ((64, 4), (128, 8)):
             for bk in (64, 128, 256):
-                for split in (1, 2, 4, 8, 16):
+                for split in (1, 2, 3, 4, 5, 6, 8, 16):
                     for stages in (3, 4):
                         if k // bk // split >= 1:
                             out.append(WtGemmConfig(bn, bm, bk, split, warps, stages, decode))

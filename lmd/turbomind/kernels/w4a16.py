@@ -178,6 +178,12 @@ def candidates(bucket: int, n: int, k: int, group: int, device: torch.device) ->
                 for per_sm in (1, 2, 4):
                     for stages in (2, 3, 4):
                         out.append(_wt(bucket, n, k, sms, bn, bk, warps, per_sm, stages, decode))
+    if bucket <= 16:
+        # splits between the powers of two: this tile fits 5 CTAs per SM, so a grid of 3-4 per SM stays one wave where
+        # split 4 spills a second (H200, 11008x4096 at M = 16: split 3 16.5 us, split 2 17.3, split 4 17.7)
+        for split in (3, 5, 6):
+            for stages in (3, 4):
+                out.append(WtGemmConfig(64, 16, 128, split, 4, stages, "frag"))
     if bucket >= 32:
         # no 128x128x64 tile with 8 warps: on the H200 it returned wrong outputs at M >= 256 (see WRONG_OUTPUT)
         for bn, bm, bk, warps, stages in ((128, 256, 64, 8, 3), (64, 128, 64, 4, 3),
