@@ -28,7 +28,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.kernels import copies_for, graph_time_us  # noqa: E402
-from lmd.turbomind.kernels.w4a16 import compile_all, run_plan  # noqa: E402
+from lmd.turbomind.kernels.w4a16 import compile_all, output_is_wrong, run_plan  # noqa: E402
 from lmd.turbomind.kernels.w4a16_epilogue import split_k_steps  # noqa: E402
 from lmd.turbomind.kernels.w4a16_gemm_wt import WtGemmConfig  # noqa: E402
 from lmd.turbomind.kernels.w4a16_gemv import GemvConfig  # noqa: E402
@@ -130,17 +130,18 @@ def plan_rows(n: int, k: int, ms: list[int], dev: torch.device, sweep: bool = Fa
     rows = []
     for m in ms:
         x = torch.randn(m, k, device=dev, dtype=torch.float16)
-        ref = w4a16_matmul_reference(x, qw, s, z).float()
+        ref = w4a16_matmul_reference(x.float(), qw, s, z)
         plans = (split_sweep if sweep else plans_for)(m, k)
         compile_all(plans, x, qw, s, z)  # Triton compiles on a thread pool; the timing below is serial
         for plan in plans:
             try:
-                err = ((run_plan(plan, x, qw, s, z).float() - ref).norm() / ref.norm()).item()
+                y = run_plan(plan, x, qw, s, z)
                 us = graph_time_us([lambda w=w, p=plan, x=x: run_plan(p, x, *w) for w in weights])
             except Exception as exc:  # a config the compiler rejects is reported, not fatal
                 rows.append(dict(n=n, k=k, m=m, plan=plan.name(), error=str(exc)[:200]))
                 continue
-            rows.append(dict(n=n, k=k, m=m, plan=plan.name(), us=us, rel_err=err,
+            err = ((y.float() - ref).norm() / ref.norm()).item()
+            rows.append(dict(n=n, k=k, m=m, plan=plan.name(), us=us, rel_err=err, wrong=output_is_wrong(y, ref),
                              tbps=weight_bytes / us / 1e6))
     return rows
 
@@ -169,16 +170,21 @@ def main() -> None:
     print("\n| N×K | streaming config | CTAs | µs | TB/s |\n|---|---|---:|---:|---:|")
     for r in stream:
         print(f"| {r['n']}×{r['k']} | `{r['config']}` | {r['ctas']} | {r['us']:.1f} | {r['tbps']:.2f} |")
-    if args.split_sweep:  # the fastest dozen of each (shape, M)
-        ranked = sorted((r for r in plans if "error" not in r), key=lambda r: (r["n"], r["k"], r["m"], r["us"]))
-        plans = [r for _, case in groupby(ranked, key=lambda r: (r["n"], r["k"], r["m"])) for r in list(case)[:12]]
+    if args.split_sweep:  # wrong outputs first (never ranked), then the fastest dozen of each (shape, M)
+        def case(r: dict) -> tuple[int, int, int]:
+            return r["n"], r["k"], r["m"]
+
+        right = sorted((r for r in plans if "error" not in r and not r["wrong"]), key=lambda r: (*case(r), r["us"]))
+        fastest = [r for _, rows in groupby(right, key=case) for r in list(rows)[:12]]
+        plans = [r for r in plans if r.get("wrong")] + fastest
     print("\n| N×K | M | plan | µs | weight TB/s | rel err |\n|---|---:|---|---:|---:|---:|")
     for r in plans:
         if "error" in r:
             print(f"| {r['n']}×{r['k']} | {r['m']} | `{r['plan']}` | error | {r['error'][:60]} |")
         else:
+            flag = " **wrong**" if r["wrong"] else ""
             print(f"| {r['n']}×{r['k']} | {r['m']} | `{r['plan']}` | {r['us']:.1f} | {r['tbps']:.2f} | "
-                  f"{r['rel_err']:.1e} |")
+                  f"{r['rel_err']:.1e}{flag} |")
 
 
 if __name__ == "__main__":

@@ -51,6 +51,9 @@ def _cases() -> list[Case]:
     out.append(Case("gemv-m3-g64-steps6-midgroup", GemvConfig(64, 2, 3, 1, 1, 4), 3, 128, 256, 64))
     out.append(Case("gemv-m2-g128-steps8", GemvConfig(32, 2, 2, 1, 1, 2), 2, 64, 512, 128))
     out.append(Case("gemv-m1-g128-outliers", GemvConfig(64, 2, 2, 1, 1, 1), 1, 128, 512, 128, outliers=True))
+    # K not a multiple of the step: the last step's masked x and weight loads, on the first token row too
+    out.append(Case("gemv-m1-g64-uneven-k", GemvConfig(64, 16, 2, 1, 1, 1), 1, 128, 320, 64))
+    out.append(Case("gemv-m3-g32-uneven-k", GemvConfig(64, 8, 2, 1, 1, 4), 3, 64, 224, 32, True))
     for m, bm, bn, bk, g, split in ((7, 16, 64, 64, 64, 2), (16, 16, 32, 128, 64, 3), (33, 32, 64, 32, 32, 4)):
         out.append(Case(f"gemm-splitk-m{m}-g{g}", GemmConfig(bm, bn, bk, split), m, 128, 256, g, m % 2 == 1))
     for m, bm, g, split in ((2, 16, 128, 2), (16, 16, 64, 3), (64, 64, 128, 1)):

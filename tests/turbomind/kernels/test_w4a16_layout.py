@@ -98,12 +98,40 @@ def test_buckets_and_default_paths() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_tuner_tells_rounding_from_wrong_output(dtype: torch.dtype) -> None:
-    qw, s, z = quantize_to_engine(torch.randn(64, 256) * 0.02, 64, dtype)
-    x = torch.randn(3, 256, dtype=dtype)
-    ref = w4a16_matmul_reference(x.float(), qw, s.float(), z.float())  # fp32 end to end
-    rounded = w4a16_matmul_reference(x, qw, s, z)  # the same product rounded to the act dtype
+    qw, s, z = quantize_to_engine(torch.randn(512, 1024) * 0.02, 128, dtype)
+    x = torch.randn(4, 1024, dtype=dtype)
+    ref = w4a16_matmul_reference(x.float(), qw, s, z)  # fp32 end to end
+    rounded = (x.float() @ dequantize(qw, s.float(), z.float()).to(dtype).float()).to(dtype)  # a tensor-core path
     assert not output_is_wrong(rounded, ref)
-    racing = rounded.clone()
-    racing[1] = rounded[2]  # one token row overwritten by another's, as a race between tiles leaves it
-    assert output_is_wrong(racing, ref)
+    one_off = rounded.clone()
+    one_off[2, 100] += 0.3 * ref[2].abs().max()  # one element of 2048, as a race between tiles can leave it
+    assert output_is_wrong(one_off, ref)
+    swapped = rounded.clone()
+    swapped[1] = rounded[2]
+    assert output_is_wrong(swapped, ref)
     assert output_is_wrong(torch.full_like(rounded, float("nan")), ref)
+
+
+def test_tune_drops_a_faster_plan_whose_output_is_wrong(monkeypatch) -> None:
+    from lmd.turbomind.kernels import w4a16
+
+    qw, s, z = quantize_to_engine(torch.randn(64, 256) * 0.02, 64, torch.float16)
+    right, wrong = (w4a16.GemvConfig(64, 2, split, 1, 1, 1) for split in (2, 4))
+    times, ran = {right: 2.0, wrong: 1.0}, []
+
+    def run(plan, x, *weights):
+        ran.append(plan)
+        y = w4a16_matmul_reference(x, *weights)
+        return y if plan == right else y.flip(1)
+
+    def time_ms(fn, flush) -> float:
+        fn()
+        return times[ran[-1]]
+
+    monkeypatch.setattr(w4a16, "compile_all", lambda *args: None)
+    monkeypatch.setattr(w4a16, "run_plan", run)
+    monkeypatch.setattr(w4a16, "_time_ms", time_ms)
+    best, log = w4a16.tune(1, qw, s, z, torch.float16, [wrong, right])
+    assert best == right and [name for name, _ in log] == [right.name()]
+    best, log = w4a16.tune(1, qw, s, z, torch.float16, [wrong])  # nothing right: the untuned default
+    assert best == w4a16.default_plan(1, 64, 256, 64, torch.device("cpu")) and log == []
