@@ -26,7 +26,7 @@ from lmd.turbomind.kernels.rotary import rotary_qkv_triton  # noqa: E402
 from lmd.turbomind.kernels.silu_mul import silu_mul_triton  # noqa: E402
 from lmd.turbomind.kv_cache import KVCache  # noqa: E402
 from lmd.turbomind.layers import add_rms_norm_reference, silu_mul_reference  # noqa: E402
-from lmd.turbomind.rope import apply_rotary  # noqa: E402
+from lmd.turbomind.rope import rotary_qkv_reference  # noqa: E402
 
 HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM = 4096, 11008, 32, 32, 128
 TOL = {torch.float16: 2 * 2**-11, torch.bfloat16: 2 * 2**-8}
@@ -63,10 +63,8 @@ def cases(t: int, dtype: torch.dtype, dev: torch.device) -> list[dict]:
     slots = torch.randperm(cache.num_blocks * 64, device=dev)[:t]
 
     def reference():
-        q, k, v = qkv.split([HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], dim=-1)
-        q = apply_rotary(q.reshape(t, HEADS, HEAD_DIM), cos, sin)
-        k = apply_rotary(k.reshape(t, KV_HEADS, HEAD_DIM), cos, sin)
-        cache.write(0, k, v.reshape(t, KV_HEADS, HEAD_DIM), slots)
+        q, k, v = rotary_qkv_reference(qkv, cos, sin, HEADS, KV_HEADS, HEAD_DIM)
+        cache.write(0, k, v, slots)
         return q
 
     q_ref = reference()

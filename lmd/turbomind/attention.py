@@ -1,7 +1,7 @@
 """Self-attention of one decoder layer: fused QKV (+bias), RoPE, KV write into the paged cache, paged attention, wo.
 
 RoPE and the KV write are one Triton kernel on CUDA (kernels/rotary.py, LMD_LAYER_OPS); the PyTorch path
-(rope.apply_rotary, KVCache.write) is the CPU path and its oracle."""
+(rope.rotary_qkv_reference, KVCache.write) is the CPU path and its oracle."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from lmd.turbomind.kernel_choice import layer_kernel
 from lmd.turbomind.kv_cache import KVCache
 from lmd.turbomind.linear import Linear
 from lmd.turbomind.paged_attention import paged_attention
-from lmd.turbomind.rope import apply_rotary
+from lmd.turbomind.rope import rotary_qkv_reference
 
 
 class Attention:
@@ -36,9 +36,7 @@ class Attention:
                 q, k, v = kernel.rotary_qkv_triton(qkv, cos, sin, self.q_heads, self.kv_heads, d)
                 cache.write(self.layer, k, v, batch.slots)
         else:
-            q, k, v = qkv.split([self.q_heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
-            q = apply_rotary(q.reshape(t, self.q_heads, d), cos, sin)
-            k = apply_rotary(k.reshape(t, self.kv_heads, d), cos, sin)
-            cache.write(self.layer, k, v.reshape(t, self.kv_heads, d), batch.slots)
+            q, k, v = rotary_qkv_reference(qkv, cos, sin, self.q_heads, self.kv_heads, d)
+            cache.write(self.layer, k, v, batch.slots)
         out = paged_attention(q, cache, self.layer, batch, self.scale, self.fused)
         return self.wo(out.reshape(t, self.q_heads * d))

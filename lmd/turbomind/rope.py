@@ -70,6 +70,17 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.cat((head * cos + rotate_half(head) * sin, tail), dim=-1)
 
 
+def rotary_qkv_reference(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_heads: int, kv_heads: int,
+                         head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The fused projection qkv [T, (Hq + 2 Hkv) D] -> q, k rotated and v, [T, heads, D] each (the CPU path of the
+    attention and the reference of kernels/rotary.py)."""
+    t = qkv.shape[0]
+    q, k, v = qkv.split([q_heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    q = apply_rotary(q.reshape(t, q_heads, head_dim), cos, sin)
+    k = apply_rotary(k.reshape(t, kv_heads, head_dim), cos, sin)
+    return q, k, v.reshape(t, kv_heads, head_dim)
+
+
 def _llama3(inv_freq: torch.Tensor, factor: float, low_freq_factor: float, high_freq_factor: float,
             old_context_len: int) -> torch.Tensor:
     low_freq_wavelen = old_context_len / low_freq_factor

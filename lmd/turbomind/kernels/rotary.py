@@ -3,7 +3,7 @@
     qkv [T, (Hq + 2 Hkv) D]  ->  q [T, Hq, D] rotated;  k [T, Hkv, D] rotated and v [T, Hkv, D]
                                  either returned or stored at their slots of the (float) cache
 
-The PyTorch reference is `lmd.turbomind.rope.apply_rotary` on q and k, then `KVCache.write` (rotate_half over the
+The PyTorch reference is `lmd.turbomind.rope.rotary_qkv_reference`, then `KVCache.write` (rotate_half over the
 first `rot` columns, the rest passed through). The rotation is one fp32 FMA per element with a single rounding, so
 it can differ from the reference's (which rounds x*cos and rotate_half(x)*sin separately) by one unit in the last
 place. One program per (token, head): q heads, then k heads, then v heads (copied).
