@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from tests.turbomind.kernels.interpreter import run_interpreted, run_jobs
+from tests.turbomind.kernels.interpreter import run_jobs
 
 ULP = {"fp32": 1e-6, "fp16": 2e-3}  # error relative to the output's largest magnitude: one fp16 rounding step
 
@@ -56,23 +56,20 @@ def silu_case(dtype: str, inter: int) -> float:
 
 
 def rotary_case(dtype: str, head_dim: int, rot: int, to_cache: bool) -> float:
-    """q, k, v of the kernel against apply_rotary + KVCache.write; with the cache: slots shuffled, the pool poisoned
+    """q, k, v of the kernel against rotary_qkv_reference; with the cache: slots shuffled, the pool poisoned
     with NaN, and every slot the batch does not own still NaN afterwards."""
     import torch
 
     from lmd.turbomind.kernels.rotary import rotary_qkv_triton
     from lmd.turbomind.kv_cache import KVCache
-    from lmd.turbomind.rope import apply_rotary
+    from lmd.turbomind.rope import rotary_qkv_reference
 
     dt, t, hq, hkv = _dtype(dtype), 6, 4, 2
     g = torch.Generator().manual_seed(head_dim + rot)
     qkv = torch.randn(t, (hq + 2 * hkv) * head_dim, generator=g).to(dt)
     angles = torch.rand(t, rot // 2, generator=g) * 6
     cos, sin = torch.cat((angles, angles), -1).cos().to(dt), torch.cat((angles, angles), -1).sin().to(dt)
-    q_ref, k_ref, v_ref = qkv.split([hq * head_dim, hkv * head_dim, hkv * head_dim], dim=-1)
-    q_ref = apply_rotary(q_ref.reshape(t, hq, head_dim), cos, sin)
-    k_ref = apply_rotary(k_ref.reshape(t, hkv, head_dim), cos, sin)
-    v_ref = v_ref.reshape(t, hkv, head_dim)
+    q_ref, k_ref, v_ref = rotary_qkv_reference(qkv, cos, sin, hq, hkv, head_dim)
     if not to_cache:
         q, k, v = rotary_qkv_triton(qkv, cos, sin, hq, hkv, head_dim)
         return max(_rel(q, q_ref), _rel(k, k_ref), _rel(v, v_ref))
@@ -124,12 +121,6 @@ def main(ws: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1])
-
-
-@pytest.fixture(scope="module")
-def interpreted(tiny_llama_ws) -> dict:
-    pytest.importorskip("triton")
-    return run_interpreted(__file__, str(tiny_llama_ws[1]), LMD_ATTENTION="reference")
 
 
 @pytest.mark.parametrize("name", NORM_CASES)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.turbomind.kernels.interpreter import run_interpreted, run_jobs
+from tests.turbomind.kernels.interpreter import run_jobs
 
 TOL = {"fp32": 2e-5, "fp16": 4e-3}  # fp16: the kernel rounds P to fp16 before P @ V (flash-attention style)
 
@@ -214,12 +214,6 @@ def main(ws: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1])
-
-
-@pytest.fixture(scope="module")
-def interpreted(tiny_llama_ws) -> dict:
-    pytest.importorskip("triton")
-    return run_interpreted(__file__, str(tiny_llama_ws[1]), LMD_ATTENTION="reference")
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
