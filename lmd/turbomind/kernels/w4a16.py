@@ -260,12 +260,12 @@ def tune(bucket: int, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.
     and all timings (ms). A candidate whose output is wrong before or after its timing runs (`output_is_wrong`;
     the second check is there for races, which may show only in some runs) is dropped with a warning; if none is
     left, the untuned default plan is returned."""
-    k = qweight.shape[0] * 8
-    n = qweight.shape[1]
+    k, n = qweight.shape[0] * 8, qweight.shape[1]
+    group = k // scales.shape[0]
     x = torch.randn(bucket, k, dtype=dtype, device=qweight.device)
     ref = w4a16_matmul_reference(x.float(), qweight, scales, zeros)
     flush = torch.empty(256 << 20, dtype=torch.uint8, device=qweight.device)
-    plans = plans if plans is not None else candidates(bucket, n, k, k // scales.shape[0], qweight.device)
+    plans = plans if plans is not None else candidates(bucket, n, k, group, qweight.device)
     compile_all(plans, x, qweight, scales, zeros)
     timings: list[tuple[Plan, float]] = []
     for plan in plans:
@@ -282,7 +282,7 @@ def tune(bucket: int, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.
         timings.append((plan, ms))
     if not timings:
         log.warning("no W4A16 candidate ran correctly at M=%d N=%d K=%d; using the default plan", bucket, n, k)
-        return default_plan(bucket, n, k, k // scales.shape[0], qweight.device), []
+        return default_plan(bucket, n, k, group, qweight.device), []
     best = min(timings, key=lambda t: t[1])[0]
     return best, [(p.name(), t) for p, t in timings]
 
