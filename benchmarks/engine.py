@@ -36,8 +36,8 @@ from lmd.bench.throughput import run_throughput  # noqa: E402
 from lmd.deploy.config_from_hf import ModelDims, build_workspace_config  # noqa: E402
 from lmd.deploy.source_weights import TensorReader  # noqa: E402
 from lmd.deploy.weight_writer import write_weights  # noqa: E402
-from lmd.deploy.workspace_config import tokenizer_dir, write_workspace_config  # noqa: E402
 from lmd.turbomind.kernels.w4a16_layout import pack_awq_int32  # noqa: E402
+from lmd.workspace_format.config_ini import tokenizer_dir, write_workspace_config  # noqa: E402
 
 # transformers LlamaConfig keywords of a model shape
 SHAPE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")

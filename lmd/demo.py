@@ -95,8 +95,8 @@ def run_demo(out: Path, windows: int) -> None:
     set_quant_policy(workspace, 4)  # the hand edit LMDeploy users make to config.ini for an int8 KV cache
     engine_kv8 = lmd("int4 perplexity (engine, int8 KV)", "eval", "ppl", str(workspace), *ppl_args)
 
+    from lmd.api import pipeline
     from lmd.turbomind.gen_config import GenerationConfig
-    from lmd.turbomind.pipeline import pipeline
 
     question = "What is the capital of France?"
     with pipeline(str(workspace)) as pipe:

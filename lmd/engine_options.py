@@ -1,4 +1,5 @@
-"""Flags shared by `lmd chat` and `lmd gradio`: the model, sampling, engine overrides, and opening the engine.
+"""Flags shared by `lmd chat`, `gradio`, `serve` and `bench`: the model, sampling, engine overrides, the servers'
+address, and opening the engine.
 
 MODEL may be a workspace or anything `lmd deploy` reads; the latter is deployed into a temporary workspace by
 `lmd.pipeline`, exactly as the Python API does, and removed when the command ends.
@@ -86,8 +87,9 @@ TpOpt = Annotated[
     int | None,
     typer.Option(
         "--tp",
-        help="Tensor parallelism: run a workspace deployed with `--tp N` as N processes (rank r on cuda:r, or CPU), "
-        "each holding its own rank file; 1 (the default) runs all ranks merged in one process.",
+        help="Tensor parallelism: N processes (rank r on cuda:r, or CPU), any N dividing the query heads, KV heads "
+        "and MLP width, whatever TP the workspace was deployed with (its rank files are read as they are when N "
+        "matches, else split or merged at load); 1 (the default) runs the whole model in one process.",
     ),
 ]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="Compute dtype: auto (the workspace's), fp32, fp16 or bf16.")]
@@ -99,6 +101,23 @@ EnforceEagerOpt = Annotated[
         "(graphs are the default on CUDA with tp 1; eager saves their start-up time and memory).",
     ),
 ]
+
+# Servers (serve, gradio) take vLLM's spelling and LMDeploy's for the same two flags.
+HostOpt = Annotated[
+    str,
+    typer.Option(
+        "--host", "--server-name", help="Address to listen on: 0.0.0.0 every interface, 127.0.0.1 this machine only "
+        "(--server-name is LMDeploy's spelling)."
+    ),
+]
+PortOpt = Annotated[int, typer.Option("--port", "--server-port", help="TCP port to listen on (--server-port is "
+                                      "LMDeploy's spelling).")]
+
+
+def check_port(port: int) -> None:
+    if not 0 < port < 65536:
+        raise LmdError(f"--port {port} is not a TCP port; use 1..65535")
+
 
 _SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "repetition_penalty", "max_new_tokens", "seed")
 _ENGINE_FLAGS = (
@@ -147,7 +166,7 @@ def open_chat_engine(model: str, model_name: str | None, overrides: dict[str, An
     """The engine for MODEL, closed (and a temporary workspace removed) on exit."""
     from rich.console import Console
 
-    from lmd.chat.templates import get_chat_template
+    from lmd.chat_templates import get_chat_template
     from lmd.turbomind.workspace import is_workspace
 
     if is_workspace(model):
@@ -161,7 +180,7 @@ def open_chat_engine(model: str, model_name: str | None, overrides: dict[str, An
         get_chat_template(model_name or "hf")  # a typo fails before the slow deploy
         what = f"deploying {model} into a temporary workspace (`lmd deploy` it once to skip this)"
     with Console(stderr=True).status(what):
-        from lmd.turbomind.pipeline import Pipeline
+        from lmd.api import Pipeline
 
         pipe = Pipeline(model, model_name or "hf", **overrides)
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lmd.chat.templates import TEMPLATE_NAMES, get_chat_template
+from lmd.chat_templates import TEMPLATE_NAMES, get_chat_template
 from lmd.errors import LmdError
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},

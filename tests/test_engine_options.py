@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lmd.chat.options import split_flags
+from lmd.engine_options import split_flags
 
 FLAGS = dict(temperature=0.0, top_p=0.8, top_k=40, repetition_penalty=1.0, max_new_tokens=8, seed=None,
              session_len=None, cache_max_entry_count=None, cache_block_seq_len=16, quant_policy=None,

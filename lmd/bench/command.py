@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from lmd.chat.options import (
+from lmd.engine_options import (
     CacheBlockSeqLenOpt,
     CacheMaxEntryCountOpt,
     DtypeOpt,

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 from lmd.errors import LmdError
 
 if TYPE_CHECKING:
+    from lmd.api import Pipeline
     from lmd.turbomind.engine import Engine
-    from lmd.turbomind.pipeline import Pipeline
 
 DTYPES = ("auto", "fp32", "fp16", "bf16")
 
@@ -40,7 +40,7 @@ class EngineOverrides:
             raise LmdError(f"--quant-policy {self.quant_policy} is unknown; use 0 (KV in compute dtype) or 4 (KV int8)")
 
     def as_kwargs(self) -> dict[str, Any]:
-        from lmd.chat.options import eager_overrides
+        from lmd.engine_options import eager_overrides
 
         kwargs = {k: v for k, v in asdict(self).items() if v is not None and k != "enforce_eager"}
         return kwargs | eager_overrides(self.enforce_eager)
@@ -50,7 +50,7 @@ def open_engine(model: str, model_name: str, overrides: EngineOverrides) -> Pipe
     """A Pipeline whose `.engine` runs MODEL; close it when done (it deletes a temporary workspace)."""
     if not Path(model).expanduser().exists():
         raise LmdError(f"{model} does not exist; give a workspace (lmd deploy), an HF model directory or a .gguf file")
-    from lmd.turbomind.pipeline import Pipeline
+    from lmd.api import Pipeline
 
     return Pipeline(model, model_name, **overrides.as_kwargs())
 

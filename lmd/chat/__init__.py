@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from lmd.chat.templates import TEMPLATE_NAMES, ChatTemplate, get_chat_template
+from lmd.chat_templates import TEMPLATE_NAMES, ChatTemplate, get_chat_template
 
 __all__ = ["TEMPLATE_NAMES", "ChatTemplate", "get_chat_template"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lmd.chat.options import (
+from lmd.engine_options import (
     CacheBlockSeqLenOpt,
     CacheMaxEntryCountOpt,
     DeviceOpt,
@@ -46,7 +46,7 @@ def chat_command(
 
     `exit`/`quit` leaves, `reset`/`new` starts a new conversation, Ctrl-C stops a reply. Each turn sends the whole
     conversation; the engine's prefix cache reuses the earlier turns' KV, so only the new text is computed."""
-    from lmd.chat.options import open_chat_engine, split_flags
+    from lmd.engine_options import open_chat_engine, split_flags
 
     gen_config, overrides = split_flags(locals())  # first: locals() is exactly the flags here
     from lmd.chat.session import ChatSession

@@ -6,16 +6,18 @@ from typing import Annotated
 
 import typer
 
-from lmd.chat.options import (
+from lmd.engine_options import (
     CacheBlockSeqLenOpt,
     CacheMaxEntryCountOpt,
     DeviceOpt,
     DtypeOpt,
     EnforceEagerOpt,
+    HostOpt,
     MaxBatchSizeOpt,
     MaxNewTokensOpt,
     ModelArg,
     ModelNameOpt,
+    PortOpt,
     QuantPolicyOpt,
     RepetitionPenaltyOpt,
     SeedOpt,
@@ -25,16 +27,15 @@ from lmd.chat.options import (
     TopKOpt,
     TopPOpt,
     TpOpt,
+    check_port,
 )
 from lmd.errors import LmdError
 
 
 def gradio_command(
     model: ModelArg,
-    server_name: Annotated[
-        str, typer.Option("--server-name", help="Address to listen on; 127.0.0.1 keeps the page local to this machine.")
-    ] = "0.0.0.0",
-    server_port: Annotated[int, typer.Option("--server-port", help="Port to listen on.")] = 6006,
+    host: HostOpt = "0.0.0.0",
+    port: PortOpt = 6006,
     share: Annotated[bool, typer.Option("--share", help="Also publish a temporary public *.gradio.live link.")] = False,
     model_name: ModelNameOpt = None,
     system: SystemOpt = None,
@@ -58,11 +59,10 @@ def gradio_command(
 
     Every browser session has its own conversation; replies of several sessions are batched by the engine. The
     sampling flags set the sliders' starting values. Ctrl-C stops the server."""
-    from lmd.chat.options import open_chat_engine, split_flags
+    from lmd.engine_options import open_chat_engine, split_flags
 
     gen_config, overrides = split_flags(locals())  # first: locals() is exactly the flags here
-    if not 0 < server_port < 65536:
-        raise LmdError(f"--server-port {server_port} is not a port; use 1-65535")
+    check_port(port)
     try:
         import gradio  # noqa: F401 - fail before the slow engine load
     except ImportError:
@@ -72,4 +72,4 @@ def gradio_command(
 
     with open_chat_engine(model, model_name, overrides) as engine:
         app = build_app(ChatEvents(engine, gen_config, system), title=f"lmd chat — {model}")
-        app.queue().launch(server_name=server_name, server_port=server_port, share=share, show_error=True)
+        app.queue().launch(server_name=host, server_port=port, share=share, show_error=True)

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from lmd.chat.options import with_sampling
 from lmd.chat.session import ChatSession, ConversationTooLong
+from lmd.engine_options import with_sampling
 from lmd.errors import LmdError
 from lmd.turbomind.request_stream import Response
 

@@ -21,7 +21,7 @@ from lmd.turbomind.gen_config import GenerationConfig
 from lmd.turbomind.request_stream import Delta, Response
 
 if TYPE_CHECKING:
-    from lmd.chat.templates import Message
+    from lmd.chat_templates import Message
     from lmd.turbomind.engine import Engine
 
 _SESSION_IDS = itertools.count()

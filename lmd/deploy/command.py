@@ -17,7 +17,9 @@ def deploy_command(
     model_format: Annotated[str | None, typer.Option(help="hf, awq or gguf; detected when left out.")] = None,
     group_size: Annotated[int | None, typer.Option(help="int4 group size of an AWQ checkpoint; must match its "
                                                         "config (default: the checkpoint's).")] = None,
-    tp: Annotated[int, typer.Option(help="Tensor-parallel ranks to split the weights for (a power of two).")] = 1,
+    tp: Annotated[int, typer.Option(help="Tensor-parallel ranks to write rank files for: any TP dividing the query "
+                                    "heads, KV heads and MLP width (the engine's fast path at that TP; it can still "
+                                    "run another one).")] = 1,
     dst_path: Annotated[str, typer.Option(help="Workspace directory to create.")] = "./workspace",
     tokenizer_path: Annotated[str | None, typer.Option(help="Tokenizer dir or .gguf (default: the model's).")] = None,
     dtype: Annotated[str | None, typer.Option(help="float16, bfloat16 or float32 weights (int4: compute dtype); "
@@ -26,7 +28,7 @@ def deploy_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON instead of a table.")] = False,
 ) -> None:
     """Convert a model into a TurboMind-style workspace (config.ini + per-rank safetensors + tokenizer)."""
-    from lmd.chat.templates import get_chat_template
+    from lmd.chat_templates import get_chat_template
 
     get_chat_template(model_name)  # a typo in MODEL_NAME fails before torch is imported
     if dtype is not None and dtype not in ("float16", "bfloat16", "float32"):

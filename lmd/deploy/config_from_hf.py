@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lmd.arch import get_arch, has_qkv_bias, rope_scaling, rope_theta
-from lmd.deploy.workspace_config import ROPE_TYPES, WorkspaceConfig
 from lmd.errors import LmdError
+from lmd.workspace_format.config_ini import ROPE_TYPES, WorkspaceConfig
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerBase

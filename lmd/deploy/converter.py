@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from lmd.arch import get_arch
-from lmd.chat.templates import get_chat_template
+from lmd.chat_templates import get_chat_template
 from lmd.deploy.config_from_hf import ModelDims, build_workspace_config
 from lmd.deploy.source_weights import check_awq_config, detect_format, hub_model_dir, open_gguf, open_hf_dir
-from lmd.deploy.tp_split import check_tp
 from lmd.deploy.weight_writer import write_weights
-from lmd.deploy.workspace_config import tokenizer_dir, write_workspace_config
 from lmd.errors import LmdError
 from lmd.model_source import ModelSource, load_config, resolve_model, torch_dtype
+from lmd.workspace_format.config_ini import tokenizer_dir, write_workspace_config
+from lmd.workspace_format.rank_layout import RankShape, check_tp
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
@@ -66,7 +66,7 @@ def run_deploy(model_name: str, model_path: str, dst_path: str = "./workspace", 
     dims = ModelDims.from_config(config, where)
     model_dir = None if source.is_gguf else hub_model_dir(source)
     group_size = check_awq_config(config, group_size, where) if fmt == "awq" else 0
-    check_tp(tp, dims, group_size)
+    check_tp(tp, RankShape(dims.head_num, dims.kv_head_num, dims.head_dim, dims.inter, group_size))
     compute = _compute_dtype(fmt, config, dtype)
     if fmt == "awq" and compute == torch.float32:
         raise LmdError("--dtype float32 is not a compute dtype for int4 weights; use float16 or bfloat16")

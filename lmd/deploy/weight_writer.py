@@ -1,7 +1,8 @@
 """Source tensors (HF names) -> `model.rank{r}.safetensors` (workspace names), one decoder layer at a time.
 
-Each source linear is read once (an AWQ one unpacked once with `awq_to_engine`), then every rank's slice is cut from
-it and streamed to that rank's file; only one layer's tensors are alive at a time.
+Each source linear is read once (an AWQ one unpacked once with `awq_to_engine`), fused (qkv, gate/up) into the
+whole-model tensor, then every rank's part is cut from it by the format's rank layout and streamed to that rank's
+file; only one layer's tensors are alive at a time.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ import torch
 
 from lmd.arch import ArchSpec
 from lmd.deploy.config_from_hf import ModelDims
+from lmd.deploy.linears import FloatLinear, Int4Linear, Linear, cat_n, pad_vocab
 from lmd.deploy.safetensors_stream import SafetensorsStreamWriter
 from lmd.deploy.source_weights import TensorReader
-from lmd.deploy.tp_split import FloatLinear, Int4Linear, Linear, pad_vocab, qkv_bias_rank, qkv_rank, row_rank, w13_rank
-from lmd.deploy.workspace_config import WorkspaceConfig, rank_weights_path
 from lmd.errors import LmdError
 from lmd.turbomind.kernels.w4a16_layout import awq_to_engine
+from lmd.workspace_format.config_ini import WorkspaceConfig, rank_weights_path
+from lmd.workspace_format.rank_layout import split_ranks
 
 
 def cast_checked(tensor: torch.Tensor, dtype: torch.dtype, name: str, where: str) -> torch.Tensor:
@@ -72,6 +74,11 @@ class WeightWriter:
         for rank in range(self.tp):
             self.put(rank, tensors)
 
+    def put_split(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Whole-model tensors, each rank's part to its file."""
+        for rank in range(self.tp):
+            self.put(rank, split_ranks(tensors, self.cfg.rank_shape, self.tp, rank))
+
     def write_embeddings(self) -> None:
         arch, dims, rows = self.arch, self.dims, self.cfg.padded_vocab_size
         self.put_all_ranks({"tok_embeddings.weight": pad_vocab(self.matrix(f"{arch.embed}.weight", dims.vocab,
@@ -91,26 +98,20 @@ class WeightWriter:
         if dims.qkv_bias:
             bias = tuple(self.vector(f"{src}{m}.bias", n) for m, n in ((arch.q, qn), (arch.k, kvn), (arch.v, kvn)))
         self.put_all_ranks({f"{dst}attention_norm.weight": self.vector(f"{src}{arch.attn_norm}.weight", h)})
-        for r in range(self.tp):
-            self.put(r, qkv_rank(q, k, v, dims, self.tp, r).tensors(f"{dst}attention.w_qkv"))
-            if bias is not None:
-                self.put(r, {f"{dst}attention.w_qkv.bias": qkv_bias_rank(*bias, dims, self.tp, r)})
+        self.put_split(cat_n([q, k, v]).tensors(f"{dst}attention.w_qkv"))
+        if bias is not None:
+            self.put_split({f"{dst}attention.w_qkv.bias": torch.cat(bias)})
         del q, k, v
-        wo = self.linear(src + arch.o, h, qn)
-        for r in range(self.tp):
-            self.put(r, row_rank(wo, self.tp, r).tensors(f"{dst}attention.wo"))
+        self.put_split(self.linear(src + arch.o, h, qn).tensors(f"{dst}attention.wo"))
 
     def write_mlp(self, i: int) -> None:
         arch, dims, h = self.arch, self.dims, self.dims.hidden
         src, dst = f"{arch.layers}.{i}.", f"layers.{i}."
         self.put_all_ranks({f"{dst}ffn_norm.weight": self.vector(f"{src}{arch.mlp_norm}.weight", h)})
         gate, up = self.linear(src + arch.gate, dims.inter, h), self.linear(src + arch.up, dims.inter, h)
-        for r in range(self.tp):
-            self.put(r, w13_rank(gate, up, self.tp, r).tensors(f"{dst}feed_forward.w13"))
+        self.put_split(cat_n([gate, up]).tensors(f"{dst}feed_forward.w13"))
         del gate, up
-        w2 = self.linear(src + arch.down, h, dims.inter)
-        for r in range(self.tp):
-            self.put(r, row_rank(w2, self.tp, r).tensors(f"{dst}feed_forward.w2"))
+        self.put_split(self.linear(src + arch.down, h, dims.inter).tensors(f"{dst}feed_forward.w2"))
 
     def _check_no_extra_bias(self, prefix: str) -> None:
         for module in (self.arch.o, self.arch.gate, self.arch.up, self.arch.down):

@@ -11,9 +11,10 @@ from pathlib import Path
 import torch
 
 from lmd.arch import ARCHITECTURES, ArchSpec
-from lmd.deploy.workspace_config import WorkspaceConfig, rank_weights_path, read_workspace_config
 from lmd.errors import LmdError
 from lmd.turbomind.kernels.w4a16_layout import dequantize
+from lmd.workspace_format.config_ini import WorkspaceConfig, rank_weights_path, read_workspace_config
+from lmd.workspace_format.rank_layout import merge_ranks
 
 __all__ = ["load_rank_tensors", "read_workspace_config", "reconstruct_hf_state_dict"]
 
@@ -37,7 +38,7 @@ def _arch(cfg: WorkspaceConfig) -> ArchSpec:
 
 
 def _dense(tensors: dict[str, torch.Tensor], prefix: str) -> torch.Tensor:
-    """[N, K] weight of one rank's linear: stored as-is for float types, dequantized (in fp32) for int4."""
+    """[N, K] weight of a linear: stored as-is for float types, dequantized (in fp32) for int4."""
     if f"{prefix}.weight" in tensors:
         return tensors[f"{prefix}.weight"]
     qweight, scales, zeros = (tensors[f"{prefix}.{n}"] for n in ("qweight", "scales", "zeros"))
@@ -48,29 +49,25 @@ def reconstruct_hf_state_dict(workspace: str | Path) -> dict[str, torch.Tensor]:
     """HF-named tensors of the whole model (ranks merged, vocab padding removed, int4 dequantized to fp32)."""
     cfg = read_workspace_config(workspace)
     arch = _arch(cfg)
-    tp, d = cfg.tensor_para_size, cfg.size_per_head
-    ranks = [load_rank_tensors(workspace, r) for r in range(tp)]
-    first = ranks[0]
-    out = {f"{arch.embed}.weight": first["tok_embeddings.weight"][: cfg.vocab_size],
-           f"{arch.final_norm}.weight": first["norm.weight"]}
+    d = cfg.size_per_head
+    whole = merge_ranks([load_rank_tensors(workspace, r) for r in range(cfg.tensor_para_size)], cfg.rank_shape)
+    out = {f"{arch.embed}.weight": whole["tok_embeddings.weight"][: cfg.vocab_size],
+           f"{arch.final_norm}.weight": whole["norm.weight"]}
     if not cfg.tie_word_embeddings:
-        out[f"{arch.lm_head}.weight"] = first["output.weight"][: cfg.vocab_size]
-    hq, hkv = cfg.head_num // tp * d, cfg.kv_head_num // tp * d
+        out[f"{arch.lm_head}.weight"] = whole["output.weight"][: cfg.vocab_size]
+    qkv_parts = [cfg.head_num * d, cfg.kv_head_num * d, cfg.kv_head_num * d]
     for i in range(cfg.num_layer):
         src, hf = f"layers.{i}.", f"{arch.layers}.{i}."
-        out[f"{hf}{arch.attn_norm}.weight"] = first[f"{src}attention_norm.weight"]
-        out[f"{hf}{arch.mlp_norm}.weight"] = first[f"{src}ffn_norm.weight"]
-        qkv = [_dense(t, f"{src}attention.w_qkv").split([hq, hkv, hkv]) for t in ranks]
-        for j, module in enumerate((arch.q, arch.k, arch.v)):
-            out[f"{hf}{module}.weight"] = torch.cat([parts[j] for parts in qkv])
+        out[f"{hf}{arch.attn_norm}.weight"] = whole[f"{src}attention_norm.weight"]
+        out[f"{hf}{arch.mlp_norm}.weight"] = whole[f"{src}ffn_norm.weight"]
+        for module, part in zip((arch.q, arch.k, arch.v), _dense(whole, f"{src}attention.w_qkv").split(qkv_parts),
+                                strict=True):
+            out[f"{hf}{module}.weight"] = part
         if cfg.attn_bias:
-            biases = [t[f"{src}attention.w_qkv.bias"].split([hq, hkv, hkv]) for t in ranks]
-            for j, module in enumerate((arch.q, arch.k, arch.v)):
-                out[f"{hf}{module}.bias"] = torch.cat([parts[j] for parts in biases])
-        inter = cfg.inter_size // tp
-        w13 = [_dense(t, f"{src}feed_forward.w13").split([inter, inter]) for t in ranks]
-        out[f"{hf}{arch.gate}.weight"] = torch.cat([parts[0] for parts in w13])
-        out[f"{hf}{arch.up}.weight"] = torch.cat([parts[1] for parts in w13])
-        out[f"{hf}{arch.o}.weight"] = torch.cat([_dense(t, f"{src}attention.wo") for t in ranks], dim=1)
-        out[f"{hf}{arch.down}.weight"] = torch.cat([_dense(t, f"{src}feed_forward.w2") for t in ranks], dim=1)
+            for module, part in zip((arch.q, arch.k, arch.v), whole[f"{src}attention.w_qkv.bias"].split(qkv_parts),
+                                    strict=True):
+                out[f"{hf}{module}.bias"] = part
+        out[f"{hf}{arch.gate}.weight"], out[f"{hf}{arch.up}.weight"] = _dense(whole, f"{src}feed_forward.w13").chunk(2)
+        out[f"{hf}{arch.o}.weight"] = _dense(whole, f"{src}attention.wo")
+        out[f"{hf}{arch.down}.weight"] = _dense(whole, f"{src}feed_forward.w2")
     return out

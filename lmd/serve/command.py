@@ -9,17 +9,20 @@ from typing import Annotated, Any
 
 import typer
 
-from lmd.chat.options import (
+from lmd.engine_options import (
     CacheBlockSeqLenOpt,
     CacheMaxEntryCountOpt,
     DeviceOpt,
     DtypeOpt,
     EnforceEagerOpt,
+    HostOpt,
     MaxBatchSizeOpt,
     ModelArg,
+    PortOpt,
     QuantPolicyOpt,
     SessionLenOpt,
     TpOpt,
+    check_port,
 )
 from lmd.errors import LmdError
 
@@ -28,8 +31,8 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 def serve_command(
     model: ModelArg,
-    host: Annotated[str, typer.Option(help="Interface to listen on (127.0.0.1: this machine only).")] = "0.0.0.0",
-    port: Annotated[int, typer.Option(help="TCP port to listen on.")] = 23333,
+    host: HostOpt = "0.0.0.0",
+    port: PortOpt = 23333,
     model_name: Annotated[
         str | None,
         typer.Option(
@@ -68,11 +71,10 @@ def serve_command(
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/models,
     /health, /metrics); see docs/serve.md."""
-    if not 0 < port < 65536:
-        raise LmdError(f"--port {port} is not a TCP port; use 1..65535")
+    check_port(port)
     if log_level not in LOG_LEVELS:
         raise LmdError(f"--log-level {log_level} is unknown; use one of {', '.join(LOG_LEVELS)}")
-    from lmd.chat.options import eager_overrides, open_chat_engine
+    from lmd.engine_options import eager_overrides, open_chat_engine
     from lmd.turbomind.workspace import is_workspace
 
     if chat_template is not None and is_workspace(model):
@@ -113,6 +115,7 @@ def _run(engine: Any, name: str, keys: list[str], host: str, port: int, log_leve
         ("model", name),
         ("workspace", str(engine.workspace.root)),
         ("device", str(engine.runner.device)),
+        ("tensor parallel", _tp_mode(engine.workspace)),
         ("max tokens per request", engine.max_len),
         ("max batch size", cfg.max_batch_size),
         ("KV blocks", f"{stats.blocks_total} x {cfg.cache_block_seq_len} tokens"),
@@ -124,6 +127,12 @@ def _run(engine: Any, name: str, keys: list[str], host: str, port: int, log_leve
     Console(stderr=True).print(table)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
     _stoppable_server_class()(config, app.state.server.abort_all).run()
+
+
+def _tp_mode(ws: Any) -> str:
+    tp, deployed = ws.engine.tp, ws.model.tensor_para_size
+    how = "its rank files" if tp == deployed else f"weights {'merged' if tp == 1 else 'split'} at load"
+    return f"{tp} rank{'s' if tp > 1 else ''} ({how}; deployed with tp {deployed})"
 
 
 def _decode_mode(engine: Any) -> str:

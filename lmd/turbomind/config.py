@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from lmd.errors import LmdError
+from lmd.workspace_format.rank_layout import RankShape
 
 WEIGHT_TYPES = ("fp16", "bf16", "fp32", "int4")
 ROPE_TYPES = ("none", "linear", "dynamic", "llama3", "yarn")
@@ -64,6 +65,10 @@ class ModelConfig:
             raise LmdError("config.ini: weight_type=int4 needs group_size > 0; redeploy the workspace")
 
     @property
+    def rank_shape(self) -> RankShape:
+        return RankShape.of(self)
+
+    @property
     def float_dtype(self) -> str:
         """The activation dtype: the weights' own for float weights, compute_dtype for int4."""
         return self.compute_dtype if self.weight_type == "int4" else self.weight_type
@@ -82,7 +87,7 @@ class EngineConfig:
     quant_policy: int = 0
     device: str = "auto"  # not in config.ini: "auto" picks cuda when available
     dtype: str = "auto"  # not in config.ini: "auto" keeps the workspace's compute dtype; else fp32/fp16/bf16
-    tp: int = 1  # not in config.ini: processes to run the ranks in; 1 merges a tp > 1 workspace into one process
+    tp: int = 1  # not in config.ini: tensor-parallel processes; any TP dividing the heads, whatever was deployed
     tp_rank: int = 0  # set by the engine for each rank's process
     cuda_graph: bool = True  # not in config.ini: replay captured CUDA graphs for decode steps (CUDA, tp = 1)
 
@@ -98,7 +103,7 @@ class EngineConfig:
             raise LmdError(f"quant_policy={self.quant_policy} is not supported; "
                            "use 0 (KV in the compute dtype) or 4 (KV int8)")
         if self.tp < 1:
-            raise LmdError(f"tp={self.tp} must be >= 1 (1: one process; N: the workspace's tensor_para_size)")
+            raise LmdError(f"tp={self.tp} must be >= 1 (1: one process; N: N tensor-parallel processes)")
         if self.dtype not in ("auto", "fp32", "fp16", "bf16"):
             raise LmdError(f"dtype={self.dtype!r} is unknown; use auto, fp32, fp16 or bf16")
 
@@ -109,8 +114,8 @@ _ENGINE_INI_KEYS = {f.name for f in fields(EngineConfig)} - {"device", "dtype", 
 def read_config_ini(path: Path, overrides: dict[str, Any] | None = None) -> tuple[ModelConfig, EngineConfig]:
     """Split `[llama]` of config.ini into model facts and serving keys; `overrides` replace serving keys only.
 
-    Parsing and validating the file is `lmd.deploy.workspace_config`'s job (the one definition of the format)."""
-    from lmd.deploy.workspace_config import read_workspace_config
+    Parsing and validating the file is `lmd.workspace_format.config_ini`'s job (the one definition of the format)."""
+    from lmd.workspace_format.config_ini import read_workspace_config
 
     if not path.is_file():
         raise LmdError(f"{path} not found; is this a workspace written by `lmd deploy`?")

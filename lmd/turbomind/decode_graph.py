@@ -27,9 +27,9 @@ from collections.abc import Sequence
 import torch
 
 from lmd.turbomind.forward_batch import ForwardBatch
-from lmd.turbomind.kernels.paged_attention import _BatchMeta
 from lmd.turbomind.kv_cache import KVCache
 from lmd.turbomind.model import LlamaModel
+from lmd.turbomind.paged_attention import decode_graph_meta
 
 
 def _zeros(count: int) -> array:
@@ -126,7 +126,7 @@ class DecodeGraphs:
         reference attention (eager runs); the Triton attention reads `attention_meta` instead."""
         ctx = ctx_lens + [1] * (b - len(ctx_lens))
         tables = tuple(self.tables[i, : -(-c // self.block_size)].long() for i, c in enumerate(ctx))
-        meta = _BatchMeta(self.seq_info[:b], self.decode_tiles[:b], self.tables[:b], self.max_context, [])
+        meta = decode_graph_meta(self.seq_info[:b], self.decode_tiles[:b], self.tables[:b], self.max_context)
         return ForwardBatch(self.input_ids[:b], self.positions[:b], self.slots[:b], self.seq_lens[:b],
                             tuple(range(b)), (1,) * b, tuple(ctx), tables, self.logit_rows[:b], meta)
 

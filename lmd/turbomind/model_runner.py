@@ -6,7 +6,6 @@ The runner owns everything on the device: the model's weights and the KV cache p
 
 from __future__ import annotations
 
-import dataclasses
 from contextlib import AbstractContextManager, nullcontext
 
 import torch
@@ -28,7 +27,6 @@ from lmd.turbomind.tp_group import (
     leave_tp_group,
 )
 from lmd.turbomind.tp_workers import TPWorkers
-from lmd.turbomind.weights import check_weights
 from lmd.turbomind.workspace import Workspace
 
 _ROW_SPLIT_BIASES = ("attention.wo.bias", "feed_forward.w2.bias")
@@ -56,7 +54,7 @@ class ModelRunner:
     the workers only)."""
 
     def __init__(self, ws: Workspace, tp_port: int | None = None) -> None:
-        model_cfg, engine_cfg = ws.model, ws.engine
+        model_cfg, engine_cfg = ws.rank_model, ws.engine
         rank, self.tp = engine_cfg.tp_rank, engine_cfg.tp
         self.device = resolve_device(engine_cfg.device, rank if self.tp > 1 else None)
         self.dtype = DTYPES[model_cfg.float_dtype if engine_cfg.dtype == "auto" else engine_cfg.dtype]
@@ -70,7 +68,7 @@ class ModelRunner:
                                    "leave tp_rank out")
                 check_no_tp_group()
                 tp_port = free_port()
-                self.workers = TPWorkers(ws, tp_port)
+                self.workers = TPWorkers(ws, tp_port, ModelRunner)
             try:
                 join_tp_group(rank, self.tp, tp_port, self.device)
                 self._joined = True
@@ -86,14 +84,9 @@ class ModelRunner:
             raise
 
     def _build(self, ws: Workspace, model_cfg: ModelConfig, engine_cfg: EngineConfig, reduce: Reduce | None) -> None:
-        if self.tp > 1 or model_cfg.tensor_para_size == 1:  # this rank's file only
-            weights = ws.load_weights(str(self.device))
-            check_weights(model_cfg, weights, str(ws.weights_file()))
-            if engine_cfg.tp_rank > 0:  # a row-split linear's bias is added once, by rank 0
-                weights = {k: v for k, v in weights.items() if not k.endswith(_ROW_SPLIT_BIASES)}
-        else:  # all ranks in this one process: the rank files merged back into the whole model
-            weights = ws.load_merged_weights(str(self.device))
-            model_cfg = dataclasses.replace(model_cfg, tensor_para_size=1)
+        weights = ws.load_weights(str(self.device))  # this rank's part, whatever TP the workspace was deployed with
+        if engine_cfg.tp_rank > 0:  # a row-split linear's bias is added once, by rank 0
+            weights = {k: v for k, v in weights.items() if not k.endswith(_ROW_SPLIT_BIASES)}
         options = {} if reduce is None else {"reduce": reduce}
         self.model = LlamaModel(model_cfg, weights, self.dtype, self.device, engine_cfg.use_context_fmha, **options)
         del weights
@@ -102,7 +95,7 @@ class ModelRunner:
         int8 = engine_cfg.quant_policy == 4
         static = None
         if int8:
-            tensors = ws.load_kv_qparams(str(self.device), engine_cfg.tp_rank if self.tp > 1 else None)
+            tensors = ws.load_kv_qparams(str(self.device))
             if tensors is not None:
                 static = StaticKVParams.from_tensors(tensors, model_cfg.num_layer, kv_heads, model_cfg.size_per_head,
                                                      str(ws.kv_qparams_file()))

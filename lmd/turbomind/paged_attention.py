@@ -6,19 +6,30 @@ then SDPA with a causal offset) is the CPU path and the oracle of the kernels. T
 unset or `auto`), for the shapes they support; LMD_ATTENTION=reference forces the reference, LMD_ATTENTION=triton
 also runs them on CPU tensors under TRITON_INTERPRET=1 (the tests). Checked on an H200 by
 benchmarks/gpu_attention_tests.py and benchmarks/gpu_engine_check.py (docs/benchmarks.md).
+
+The kernels take tensors; this module is their engine side. It hands them one layer's pools and int8 params of the
+KVCache, builds the batch's metadata once per ForwardBatch (every layer of a forward passes the same object; a
+decode graph's batch carries its static one in `attention_meta`) and the static int8 table once per layer of a
+cache's static params. The kernel module is imported on first use (kernel_choice.triton_module), so the engine
+imports, and runs on the reference, without Triton.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
+import weakref
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
+from lmd.errors import LmdError
 from lmd.turbomind.forward_batch import ForwardBatch
 from lmd.turbomind.kernel_choice import triton_module, triton_requested
 from lmd.turbomind.kv_cache import KVCache
+
+if TYPE_CHECKING:
+    from lmd.turbomind.kernels.paged_attention import AttentionConfig, AttentionMeta
 
 
 def paged_attention(
@@ -28,7 +39,7 @@ def paged_attention(
     `fused` (config.ini use_context_fmha) picks SDPA / the Triton kernel; False runs the explicit softmax path.
     A shape or device the kernel does not take (e.g. head dim 80, CPU without the interpreter) runs the reference."""
     if triton_attention_runs(q, cache, fused):
-        return _triton_kernel()[0](q, cache, layer, batch, scale)
+        return _run_kernels(_kernels(), q, cache, layer, batch, scale)
     return paged_attention_reference(q, cache, layer, batch, scale, fused)
 
 
@@ -36,18 +47,100 @@ def triton_attention_runs(q: torch.Tensor, cache: KVCache, fused: bool = True) -
     """Whether `paged_attention` takes the Triton kernels for queries like q (else the reference)."""
     if not (fused and _triton_requested(q)):
         return False
-    kernel = _triton_kernel()
-    return kernel is not None and kernel[1](q, cache) is None
+    kernels = _kernels()
+    return kernels is not None and kernels.unsupported_reason(q, cache.dtype) is None
+
+
+def paged_attention_triton_on_cache(
+    q: torch.Tensor,
+    cache: KVCache,
+    layer: int,
+    batch: ForwardBatch,
+    scale: float,
+    config: AttentionConfig | None = None,
+) -> torch.Tensor:
+    """The Triton kernels on an engine cache whatever LMD_ATTENTION says (tests, GPU scripts); a call they do not
+    take raises ValueError."""
+    kernels = _kernels()
+    if kernels is None:
+        raise LmdError("paged attention: the Triton kernels need the triton package (pip install triton)")
+    # int8 codes do not say which dtype they dequantize to (the kernels check a float cache's dtype themselves)
+    reason = kernels.unsupported_reason(q, cache.dtype) if cache.int8 else None
+    if reason is not None:
+        raise ValueError(f"paged_attention_triton: unsupported {reason}")
+    return _run_kernels(kernels, q, cache, layer, batch, scale, config)
+
+
+def decode_graph_meta(
+    seq_info: torch.Tensor, decode_tiles: torch.Tensor, tables: torch.Tensor, max_context: int
+) -> AttentionMeta | None:
+    """The kernels' metadata over a decode graph's static buffers (decode_graph.py), every row one new token; None
+    without Triton (the reference reads the batch's host tuples)."""
+    kernels = _kernels()
+    if kernels is None:
+        return None
+    return kernels.AttentionMeta(seq_info.shape[0], seq_info, decode_tiles, tables, max_context, [])
 
 
 def _triton_requested(q: torch.Tensor) -> bool:
     return triton_requested(q, "LMD_ATTENTION")
 
 
-@functools.cache
-def _triton_kernel() -> tuple[Callable[..., torch.Tensor], Callable[..., str | None]] | None:
-    module = triton_module("paged_attention")
-    return None if module is None else (module.paged_attention_triton, module.unsupported_reason)
+def _kernels() -> ModuleType | None:
+    return triton_module("paged_attention")
+
+
+def _run_kernels(
+    kernels: ModuleType,
+    q: torch.Tensor,
+    cache: KVCache,
+    layer: int,
+    batch: ForwardBatch,
+    scale: float,
+    config: AttentionConfig | None = None,
+) -> torch.Tensor:
+    k_param = v_param = static = None
+    if cache.int8 and cache.static is not None:
+        static = _static_table(cache, layer)
+    elif cache.int8:
+        k_param, v_param = cache.k_param[layer], cache.v_param[layer]
+    meta = _batch_meta(kernels, batch, q.device)
+    return kernels.paged_attention_triton(
+        q, cache.k[layer], cache.v[layer], meta, scale, k_param=k_param, v_param=v_param, static=static, config=config
+    )
+
+
+_last_batch: tuple[weakref.ref[ForwardBatch], AttentionMeta] | None = None
+
+
+def _batch_meta(kernels: ModuleType, batch: ForwardBatch, device: torch.device) -> AttentionMeta:
+    global _last_batch
+    if isinstance(batch.attention_meta, kernels.AttentionMeta):  # static buffers of a decode graph
+        return batch.attention_meta
+    if _last_batch is not None and _last_batch[0]() is batch:
+        return _last_batch[1]
+    meta = kernels.attention_meta(batch.q_starts, batch.q_lens, batch.ctx_lens, batch.block_tables, device)
+    _last_batch = (weakref.ref(batch), meta)
+    return meta
+
+
+_static_tables: dict[tuple[int, int], tuple[weakref.ref, torch.Tensor]] = {}
+
+
+def _static_table(cache: KVCache, layer: int) -> torch.Tensor:
+    """[4, Hkv, D] fp32 (k_scale, k_zero, v_scale, v_zero) of one layer, per-head params broadcast over D."""
+    s = cache.static
+    key = (id(s), layer)
+    hit = _static_tables.get(key)
+    if hit is not None and hit[0]() is s:
+        return hit[1]
+    for dead in [k for k, (ref, _) in _static_tables.items() if ref() is None]:
+        del _static_tables[dead]
+    _, _, kv_heads, head_dim = cache.k[layer].shape
+    params = (s.k_scale[layer], s.k_zero[layer], s.v_scale[layer], s.v_zero[layer])
+    table = torch.stack([p.float().reshape(kv_heads, -1).expand(kv_heads, head_dim) for p in params]).contiguous()
+    _static_tables[key] = (weakref.ref(s), table)
+    return table
 
 
 def paged_attention_reference(

@@ -8,20 +8,27 @@ the lm_head is replicated in every rank file). `None` or a closed pipe ends the 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Protocol
 
-READY = "ready"
+READY = "ready"  # worker -> driver once its imports are done; then the driver sends (chunks, rows) per step, None to stop
 
 
-def worker_main(rank: int, world: int, port: int, root: str, options: dict[str, Any], conn: Connection) -> None:
-    from lmd.turbomind.model_runner import ModelRunner
+class WorkerRunner(Protocol):
+    def run_chunks(self, chunks: list[tuple[list[int], int, list[int]]], rows: list[int]) -> Any: ...
+
+
+def worker_main(rank: int, world: int, port: int, root: str, options: dict[str, Any], conn: Connection,
+                make_runner: Callable[..., WorkerRunner]) -> None:
+    """`make_runner(workspace, tp_port=port)` builds this rank's runner (the engine passes its ModelRunner class,
+    so that this module does not import the runner that spawns it)."""
     from lmd.turbomind.tp_group import leave_tp_group
     from lmd.turbomind.workspace import open_workspace
 
     try:
         conn.send(READY)  # imports done: the driver may now wait in the group's rendezvous
-        runner = ModelRunner(open_workspace(root, **{**options, "tp_rank": rank}), tp_port=port)
+        runner = make_runner(open_workspace(root, **{**options, "tp_rank": rank}), tp_port=port)
         while True:
             try:
                 message = conn.recv()

@@ -8,19 +8,19 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing as mp
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
 from lmd.errors import LmdError
-from lmd.turbomind.tp_worker import READY, worker_main
+from lmd.turbomind.tp_worker import READY, WorkerRunner, worker_main
 from lmd.turbomind.workspace import Workspace
 
 JOIN_TIMEOUT_S = 10.0
 
 
 class TPWorkers:
-    def __init__(self, ws: Workspace, port: int) -> None:
+    def __init__(self, ws: Workspace, port: int, make_runner: Callable[..., WorkerRunner]) -> None:
         ctx = mp.get_context("spawn")
         options = dataclasses.asdict(ws.engine)
         self._broken: LmdError | None = None
@@ -30,7 +30,7 @@ class TPWorkers:
             parent, child = ctx.Pipe()
             proc = ctx.Process(
                 target=worker_main,
-                args=(rank, ws.engine.tp, port, str(ws.root), options, child),
+                args=(rank, ws.engine.tp, port, str(ws.root), options, child, make_runner),
                 name=f"lmd-tp-rank{rank}",
                 daemon=True,
             )

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmd.errors import LmdError
 from lmd.turbomind.config import EngineConfig, ModelConfig, read_config_ini
+from lmd.workspace_format.rank_layout import check_tp, merge_ranks, split_ranks
 
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedTokenizerBase
 
-    from lmd.chat.templates import ChatTemplate
+    from lmd.chat_templates import ChatTemplate
 
 
 @dataclass(frozen=True)
@@ -30,55 +32,66 @@ class Workspace:
     def tokenizer_dir(self) -> Path:
         return self.root / "triton_models" / "tokenizer"
 
-    def weights_file(self) -> Path:
-        return self.weights_dir / f"model.rank{self.engine.tp_rank}.safetensors"
+    @property
+    def rank_model(self) -> ModelConfig:
+        """The model as this process runs it: the shapes of one of `engine.tp` ranks (the whole model at tp 1)."""
+        return dataclasses.replace(self.model, tensor_para_size=self.engine.tp)
+
+    def weights_file(self, rank: int | None = None) -> Path:
+        return self.weights_dir / f"model.rank{self.engine.tp_rank if rank is None else rank}.safetensors"
 
     def kv_qparams_file(self) -> Path:
         return self.weights_dir / f"kv_qparams.rank{self.engine.tp_rank}.safetensors"
 
     def load_weights(self, device: str) -> dict[str, torch.Tensor]:
-        """This rank's tensors, as written by `lmd deploy`."""
+        """Rank `engine.tp_rank` of `engine.tp`'s tensors (checked against `rank_model`). The fast path reads that
+        rank's file as written by `lmd deploy`; a TP other than the deployed one merges every rank file on the host
+        and cuts this rank's part (docs/workspace.md, rank layout)."""
         from safetensors.torch import load_file
 
-        path = self.weights_file()
-        if not path.is_file():
-            raise LmdError(f"{path} not found; redeploy the workspace (`lmd deploy ... --tp "
-                           f"{self.model.tensor_para_size}`)")
-        return load_file(str(path), device=device)
-
-    def load_merged_weights(self, device: str) -> dict[str, torch.Tensor]:
-        """Whole-model tensors (tensor_para_size = 1 layout) from every rank file, to run all ranks in one process."""
-        from safetensors.torch import load_file
-
-        from lmd.turbomind.rank_merge import merge_ranks
         from lmd.turbomind.weights import check_weights
 
-        ranks = []
-        for rank in range(self.model.tensor_para_size):
-            path = self.weights_dir / f"model.rank{rank}.safetensors"
-            if not path.is_file():
-                raise LmdError(f"{path} not found; the workspace was deployed with --tp "
-                               f"{self.model.tensor_para_size}, redeploy it")
-            ranks.append(load_file(str(path), device=device))
-            check_weights(self.model, ranks[-1], str(path))
-        return ranks[0] if len(ranks) == 1 else merge_ranks(self.model, ranks)
+        deployed, tp, rank = self.model.tensor_para_size, self.engine.tp, self.engine.tp_rank
+        if tp == deployed:
+            weights = load_file(str(self._rank_file(rank)), device=device)
+        else:
+            ranks = []
+            for r in range(deployed):
+                ranks.append(load_file(str(self._rank_file(r)), device="cpu" if tp > 1 else device))
+                check_weights(self.model, ranks[-1], str(self._rank_file(r)))
+            whole = merge_ranks(ranks, self.model.rank_shape)
+            del ranks
+            weights = {name: t.contiguous().to(device) for name, t in
+                       split_ranks(whole, self.model.rank_shape, tp, rank).items()}
+        check_weights(self.rank_model, weights, str(self._rank_file(rank) if tp == deployed else self.weights_dir))
+        return weights
 
-    def load_kv_qparams(self, device: str, rank: int | None = None) -> dict[str, torch.Tensor] | None:
-        """Static KV int8 parameters of all ranks, one value per KV head of the whole model, or of `rank` only (its KV
-        heads, flattened); None when absent."""
+    def load_kv_qparams(self, device: str) -> dict[str, torch.Tensor] | None:
+        """Static KV int8 parameters of this process's KV heads (all of them at tp 1), flattened per tensor in head
+        order; None when absent."""
         import torch
         from safetensors.torch import load_file
 
-        paths = [self.weights_dir / f"kv_qparams.rank{r}.safetensors" for r in range(self.model.tensor_para_size)]
+        deployed, tp, rank = self.model.tensor_para_size, self.engine.tp, self.engine.tp_rank
+        paths = [self.weights_dir / f"kv_qparams.rank{r}.safetensors" for r in range(deployed)]
         present = [p for p in paths if p.is_file()]
         if not present:
             return None
         if len(present) != len(paths):
             raise LmdError(f"{self.weights_dir}: kv_qparams files exist for some ranks only; rerun `lmd kv-qparams`")
-        if rank is not None:
+        if tp == deployed:
             return {name: t.reshape(-1) for name, t in load_file(str(paths[rank]), device=device).items()}
-        ranks = [load_file(str(p), device=device) for p in paths]
-        return {name: torch.cat([rank[name].reshape(-1) for rank in ranks]) for name in ranks[0]}
+        files = [load_file(str(p), device=device) for p in paths]
+        whole = {name: torch.cat([f[name].reshape(-1) for f in files]) for name in files[0]}
+        heads = self.model.kv_head_num
+        return {name: t.reshape(heads, -1).chunk(tp)[rank].reshape(-1) for name, t in whole.items()}
+
+    def _rank_file(self, rank: int) -> Path:
+        path = self.weights_file(rank)
+        if not path.is_file():
+            raise LmdError(f"{path} not found; the workspace was deployed with --tp {self.model.tensor_para_size}, "
+                           "redeploy it")
+        return path
 
     def load_tokenizer(self) -> PreTrainedTokenizerBase:
         from transformers import AutoTokenizer
@@ -88,7 +101,7 @@ class Workspace:
         return AutoTokenizer.from_pretrained(str(self.tokenizer_dir))
 
     def chat_template(self) -> ChatTemplate:
-        from lmd.chat.templates import get_chat_template
+        from lmd.chat_templates import get_chat_template
 
         return get_chat_template(self.model.model_name)
 
@@ -104,10 +117,7 @@ def open_workspace(path: str | Path, **overrides: Any) -> Workspace:
     if not root.is_dir():
         raise LmdError(f"workspace {root} does not exist; create it with `lmd deploy MODEL {root}`")
     model, engine = read_config_ini(root / "triton_models" / "weights" / "config.ini", overrides)
-    if engine.tp_rank >= model.tensor_para_size:
-        raise LmdError(f"tp_rank={engine.tp_rank} but the workspace has tensor_para_size={model.tensor_para_size}")
-    if engine.tp > 1 and engine.tp != model.tensor_para_size:
-        raise LmdError(f"tp={engine.tp} but {root} was deployed with tensor_para_size={model.tensor_para_size}; "
-                       f"use tp={model.tensor_para_size} (or tp=1: all ranks in one process), "
-                       f"or redeploy with `lmd deploy ... --tp {engine.tp}`")
+    if engine.tp_rank >= engine.tp:
+        raise LmdError(f"tp_rank={engine.tp_rank} but tp={engine.tp}")
+    check_tp(engine.tp, model.rank_shape, flag="tp")
     return Workspace(root, model, engine)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lmd.errors import LmdError
+from lmd.workspace_format.rank_layout import RankShape
 
 SECTION = "llama"
 WEIGHT_TYPES = ("fp16", "bf16", "fp32", "int4")
@@ -72,6 +73,10 @@ class WorkspaceConfig:
                                f"tensor_para_size={self.tensor_para_size}")
         if self.head_num % self.kv_head_num:
             raise LmdError(f"config.ini: head_num={self.head_num} is not a multiple of kv_head_num={self.kv_head_num}")
+
+    @property
+    def rank_shape(self) -> RankShape:
+        return RankShape.of(self)
 
     @property
     def padded_vocab_size(self) -> int:

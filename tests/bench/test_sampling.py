@@ -89,7 +89,7 @@ def test_random_requests_exact_lengths_banned_ids_and_seeds():
 
 
 def test_real_tokenizer_with_chat_template(tokenizer):
-    from lmd.chat.templates import get_chat_template
+    from lmd.chat_templates import get_chat_template
 
     template = get_chat_template("hf")
     conversations = [Conversation(f"Question number {i}: " + "why? " * i, None) for i in range(40)]

@@ -8,8 +8,8 @@ import pytest
 
 from lmd.deploy import deploy
 from lmd.deploy.config_from_hf import rope_fields, session_len
-from lmd.deploy.workspace_config import WorkspaceConfig, config_path, read_workspace_config
 from lmd.errors import LmdError
+from lmd.workspace_format.config_ini import WorkspaceConfig, config_path, read_workspace_config
 
 DOC_KEYS = ["model_name", "model_arch", "tensor_para_size", "head_num", "kv_head_num", "size_per_head", "hidden_units",
             "vocab_size", "num_layer", "inter_size", "norm_eps", "attn_bias", "start_id", "end_id", "session_len",

@@ -26,7 +26,8 @@ def test_unknown_model_name_lists_templates(tiny_models, tmp_path):
         deploy("gpt5", str(tiny_models()), str(tmp_path / "ws"), progress=False)
 
 
-@pytest.mark.parametrize(("tp", "message"), [(3, "power of two; valid for this model: 1, 2"),
+@pytest.mark.parametrize(("tp", "message"), [(3, "--tp 3 does not divide head_num=4, kv_head_num=2 and inter_size=256; "
+                                                     "use --tp 1, 2$"), (0, "--tp 0 must be >= 1; use --tp 1, 2"),
                                              (4, "does not divide head_num=4, kv_head_num=2.*use --tp 1, 2")])
 def test_bad_tp(tiny_models, tmp_path, tp, message):
     with pytest.raises(LmdError, match=message):

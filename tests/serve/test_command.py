@@ -40,6 +40,7 @@ def test_help_explains_the_flags() -> None:
     ("flags", "words"),
     [
         (["--port", "70000"], "--port 70000"),
+        (["--server-port", "70000"], "--port 70000"),
         (["--log-level", "loud"], "--log-level loud"),
         (["--chat-template", "qwen"], "--chat-template"),
     ],
@@ -48,6 +49,16 @@ def test_bad_flags_fail_in_one_line(serve_ws, flags, words) -> None:
     result = _lmd("serve", str(serve_ws), *flags)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert result.stderr.startswith("lmd: ") and words in result.stderr and result.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("command", ["serve", "gradio"])
+def test_servers_take_vllm_and_lmdeploy_address_flags(serve_ws, command) -> None:
+    """--host/--port (vLLM) and --server-name/--server-port (LMDeploy) on both servers; checked before any load."""
+    help_text = _lmd(command, "--help").stdout
+    assert all(flag in help_text for flag in ("--host", "--port", "--server-name", "--server-port"))
+    for host, port in (("--host", "--port"), ("--server-name", "--server-port")):
+        result = _lmd(command, str(serve_ws), host, "127.0.0.1", port, "0")
+        assert result.returncode == 1 and result.stderr.startswith("lmd: --port 0 is not a TCP port"), result.stderr
 
 
 def _free_port() -> int:
@@ -67,9 +78,9 @@ def test_real_server_process(serve_ws) -> None:
         "lmd",
         "serve",
         str(serve_ws),
-        "--host",
+        "--server-name",  # LMDeploy's spelling of --host / --port
         "127.0.0.1",
-        "--port",
+        "--server-port",
         str(port),
         "--model-name",
         "tiny",

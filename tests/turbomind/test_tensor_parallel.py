@@ -1,5 +1,5 @@
-"""Tensor parallelism (tp = 2 on CPU, gloo): rank processes holding their own rank files compute what the whole
-model computes in one process (the tp = 1 run of the same workspace, rank files merged)."""
+"""Tensor parallelism on CPU (gloo): rank processes compute what the whole model computes in one process, whether
+they read the rank files of a workspace deployed at their TP or split another TP's weights at load."""
 
 from __future__ import annotations
 
@@ -153,15 +153,79 @@ def test_static_int8_kv_params_are_loaded_per_rank(tp2_ws, tmp_path):
         two.close()
 
 
-def test_tp_that_does_not_match_the_workspace_is_refused(tp2_ws, tiny_llama_ws):
-    with pytest.raises(LmdError, match=r"tp=4 but .* tensor_para_size=2; use tp=2"):
+def test_a_tp_that_does_not_divide_the_heads_is_refused(tp2_ws):
+    with pytest.raises(LmdError, match=r"^tp 4 does not divide head_num=4, kv_head_num=2 and inter_size=256; "
+                                       r"use tp 1, 2$"):
         open_workspace(tp2_ws, tp=4)
-    with pytest.raises(LmdError, match=r"tp=2 but .* tensor_para_size=1; .*--tp 2"):
-        Engine(tiny_llama_ws[1], tp=2, device="cpu")
     with pytest.raises(LmdError, match="tp=0 must be >= 1"):
         open_workspace(tp2_ws, tp=0)
     with pytest.raises(LmdError, match="tp_rank=1 with tp=2: .* leave tp_rank out"):
         ModelRunner(open_workspace(tp2_ws, tp=2, tp_rank=1, device="cpu"))
+
+
+# TP chosen at launch: SmolLM2's head counts (9 query, 3 KV heads) at a tiny width; 3 divides both.
+GQA3 = dict(hidden_size=192, intermediate_size=384, num_attention_heads=6, num_key_value_heads=3)
+
+
+@pytest.fixture(scope="module")
+def gqa3_src(tmp_path_factory):
+    from tests.conftest import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("gqa3") / "hf", "llama", **GQA3)
+
+
+@pytest.fixture(scope="module")
+def gqa3_ws(gqa3_src, tmp_path_factory):
+    from lmd.deploy.converter import deploy
+
+    return deploy("hf", str(gqa3_src), str(tmp_path_factory.mktemp("gqa3-ws") / "ws"), dtype="float32",
+                  progress=False)
+
+
+def test_tp3_on_a_tp1_workspace_splits_the_weights_at_load(gqa3_ws):
+    ref, one = _runner_logits(gqa3_ws, tp=1)
+    one.close()
+    ours, three = _runner_logits(gqa3_ws, tp=3)
+    try:
+        assert three.workers is not None and len(three.workers._procs) == 2
+        assert three.cache.k[0].shape[2] == 1 and three.model.layers[0].attention.q_heads == 2
+        assert _close_to(ours, ref, 1e-5)
+    finally:
+        three.close()
+
+
+def test_tp3_greedy_tokens_equal_tp1_and_the_deployed_tp3_files(gqa3_src, gqa3_ws, tmp_path):
+    from lmd.deploy.converter import deploy
+
+    ws3 = deploy("hf", str(gqa3_src), str(tmp_path / "ws3"), tp=3, dtype="float32", progress=False)
+    prompts = [list(range(100 + i, 110 + 5 * i)) for i in range(3)]
+    gen = GenerationConfig(max_new_tokens=8, temperature=0.0, ignore_eos=True)
+    runs = {}
+    for name, ws, tp in (("tp1", gqa3_ws, 1), ("tp3 split at load", gqa3_ws, 3), ("tp3 rank files", ws3, 3),
+                         ("tp1 merged", ws3, 1)):
+        with Engine(ws, tp=tp, device="cpu", dtype="fp32", cache_block_seq_len=BLOCK, cache_max_entry_count=48,
+                    max_context_token_num=16) as engine:
+            runs[name] = [s.result().token_ids for s in [engine.generate(p, gen) for p in prompts]]
+    assert all(tokens == runs["tp1"] for tokens in runs.values()), runs
+
+
+def test_int4_and_static_kv_params_split_at_load(gqa3_src, tmp_path):
+    from lmd.deploy.converter import deploy
+    from tests.turbomind.awq_checkpoint import write_awq_checkpoint
+
+    write_awq_checkpoint(gqa3_src, tmp_path / "awq", group_size=32)
+    ws = deploy("base", str(tmp_path / "awq"), str(tmp_path / "ws"), group_size=32, dtype="float16", progress=False)
+    _write_rank_kv_qparams(ws, tp=1, kv_heads=3, head_dim=32, layers=2)  # deployed at tp 1: one file, 3 KV heads
+    ref, one = _runner_logits(ws, tp=1, quant_policy=4)
+    one.close()
+    ours, three = _runner_logits(ws, tp=3, quant_policy=4)
+    try:
+        wo = three.model.layers[0].attention.wo
+        assert type(wo).__name__ == "Int4Linear" and wo.qweight.shape == (64 // 8, 192)  # K = 192 / 3
+        assert three.kv_int8_static and three.cache.static.k_scale[0].shape == (1, 32)
+        assert _close_to(ours, ref, 1e-5)
+    finally:
+        three.close()
 
 
 def test_a_killed_worker_is_an_error_not_a_hang(tp2_ws):
@@ -214,3 +278,24 @@ def test_a_driver_failure_mid_forward_stops_the_workers(tp2_ws):
         assert not any(p.is_alive() for p in procs)
     finally:
         runner.close()
+
+
+@pytest.mark.slow
+def test_smollm2_deployed_at_tp1_runs_at_tp3(smollm2_hf, tmp_path):
+    """The real model (9 query heads, 3 KV heads): tp 3 from a tp 1 workspace gives tp 1's logits and greedy reply."""
+    import lmd
+    from lmd.deploy.converter import deploy
+
+    ws = deploy("hf", str(smollm2_hf), str(tmp_path / "ws"), dtype="float32", progress=False)
+    ref, one = _runner_logits(ws, tp=1)
+    one.close()
+    ours, three = _runner_logits(ws, tp=3)
+    three.close()
+    assert _close_to(ours, ref, 1e-4)
+    gen = GenerationConfig(max_new_tokens=12, temperature=0.0)
+    prompts = [[{"role": "user", "content": "What is the capital of France?"}]]
+    replies = {}
+    for tp in (1, 3):
+        with lmd.pipeline(ws, tp=tp, device="cpu", dtype="fp32", cache_max_entry_count=64) as pipe:
+            replies[tp] = [r.token_ids for r in pipe(prompts, gen)]
+    assert replies[3] == replies[1]

@@ -1,25 +1,33 @@
 """Paged attention on the Triton kernels (`paged_attention_kernels`): checks, per-batch metadata, launches.
 
-`paged_attention_triton(q, cache, layer, batch, scale)` computes exactly what
-`lmd.turbomind.paged_attention.paged_attention_reference` computes (the oracle of the tests): sequences with one new
-token run the decode kernel (split-K over the context, then a combine), longer chunks the prefill kernel. The
-batch's metadata (per-sequence starts and lengths, padded block tables, prefill tiles) is built once per
-ForwardBatch and reused by every layer.
+`paged_attention_triton(q, k, v, meta, scale)` computes, for the flat batch that `meta` describes, exactly what
+`lmd.turbomind.paged_attention.paged_attention_reference` computes on an engine cache (the oracle of the tests):
+sequences with one new token run the decode kernel (split-K over the context, then a combine), longer chunks the
+prefill kernel. It takes tensors only; the engine side (`lmd.turbomind.paged_attention`) unpacks its KVCache:
+
+    q                 [T, Hq, D]                        fp16, bf16 or fp32: the new tokens, rotated (K/V stored)
+    k, v              [num_blocks, block_size, Hkv, D]  one layer's block pools, in q's dtype or int8 codes
+    k_param, v_param  [num_blocks, block_size, Hkv, 2]  online int8: fp16 (scale, zero) per token and head
+    static            [4, Hkv, D]                       static int8: fp32 (k_scale, k_zero, v_scale, v_zero)
+    meta              AttentionMeta                     from `attention_meta`: the batch's lengths and block tables
+
+Int8 codes come with either k_param and v_param or static, and are dequantized to q's dtype. Sequence i owns rows
+[q_starts[i], q_starts[i] + q_lens[i]) of q, at positions [ctx_lens[i] - q_lens[i], ctx_lens[i]) of its sequence,
+whose K/V sit in the blocks block_tables[i]. One AttentionMeta serves every layer of a forward (the caller builds it
+once per batch).
 """
 
 from __future__ import annotations
 
 import functools
 import os
-import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 import triton
 
-from lmd.turbomind.forward_batch import ForwardBatch
 from lmd.turbomind.kernels.paged_attention_kernels import _attention_kernel, _combine_kernel
-from lmd.turbomind.kv_cache import KVCache
 
 LOG2E = 1.4426950408889634
 COMPUTE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -48,22 +56,24 @@ def default_config(head_dim: int, dtype: torch.dtype) -> AttentionConfig:
     return DEFAULT_CONFIG
 
 
-def unsupported_reason(q: torch.Tensor, cache: KVCache) -> str | None:
-    """Why the kernels cannot take this call (None: they can). The dispatcher then runs the reference."""
+def unsupported_reason(q: torch.Tensor, kv_dtype: torch.dtype) -> str | None:
+    """Why the kernels cannot take queries like q over K/V attended in kv_dtype (the cache's compute dtype, which
+    int8 codes dequantize to); None: they can. The dispatcher then runs the reference."""
     d = q.shape[-1]
     if q.dtype not in COMPUTE_DTYPES:
         return f"query dtype {q.dtype} (kernels take fp16, bf16, fp32)"
     if d < 16 or d > 256 or d & (d - 1):
         return f"head dim {d} (kernels take powers of two 16..256)"
-    if cache.dtype != q.dtype:
-        return f"cache compute dtype {cache.dtype} differs from the query's {q.dtype}"
+    if kv_dtype != q.dtype:
+        return f"cache compute dtype {kv_dtype} differs from the query's {q.dtype}"
     if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
         return "CPU tensors need TRITON_INTERPRET=1"
     return None
 
 
 @dataclass
-class _BatchMeta:
+class AttentionMeta:
+    num_tokens: int  # rows of the flat batch (q's first dim)
     seq_info: torch.Tensor  # [B, 3] int32: first row in the flat batch, query length, context length
     decode_tiles: torch.Tensor  # [num_decode, 2] int32: (sequence, 0) of the sequences with one new token
     tables: torch.Tensor  # [B, max blocks] int32, rows zero-padded
@@ -84,51 +94,33 @@ class _BatchMeta:
         return self.tiles[block_q]
 
 
-_last_batch: tuple[weakref.ref, _BatchMeta] | None = None
-
-
-def _batch_meta(batch: ForwardBatch, device: torch.device) -> _BatchMeta:
-    """Built once per batch (every layer of a forward passes the same ForwardBatch object)."""
-    global _last_batch
-    if isinstance(batch.attention_meta, _BatchMeta):  # static buffers of a decode graph
-        return batch.attention_meta
-    if _last_batch is not None and _last_batch[0]() is batch:
-        return _last_batch[1]
-    decode = [i for i, n in enumerate(batch.q_lens) if n == 1]
-    prefill = [(i, n, ctx) for i, (n, ctx) in enumerate(zip(batch.q_lens, batch.ctx_lens, strict=True)) if n > 1]
-    host = [x for row in zip(batch.q_starts, batch.q_lens, batch.ctx_lens, strict=True) for x in row]
+def attention_meta(
+    q_starts: Sequence[int],
+    q_lens: Sequence[int],
+    ctx_lens: Sequence[int],
+    block_tables: Sequence[torch.Tensor],
+    device: torch.device,
+) -> AttentionMeta:
+    """The kernels' metadata of a batch (one host-to-device copy for the lengths, one for the tables)."""
+    decode = [i for i, n in enumerate(q_lens) if n == 1]
+    prefill = [(i, n, ctx) for i, (n, ctx) in enumerate(zip(q_lens, ctx_lens, strict=True)) if n > 1]
+    host = [x for row in zip(q_starts, q_lens, ctx_lens, strict=True) for x in row]
     host += [x for i in decode for x in (i, 0)]
     packed = torch.tensor(host, dtype=torch.int32, device=device)
-    b = len(batch.q_lens)
-    tables = torch.nn.utils.rnn.pad_sequence([t.to(device) for t in batch.block_tables], batch_first=True)
-    max_decode_ctx = max((batch.ctx_lens[i] for i in decode), default=0)
-    meta = _BatchMeta(
+    b = len(q_lens)
+    if b:
+        tables = torch.nn.utils.rnn.pad_sequence([t.to(device) for t in block_tables], batch_first=True)
+    else:
+        tables = torch.zeros((0, 0), dtype=torch.int32, device=device)
+    max_decode_ctx = max((ctx_lens[i] for i in decode), default=0)
+    return AttentionMeta(
+        sum(q_lens),
         packed[: 3 * b].view(b, 3),
         packed[3 * b :].view(-1, 2),
         tables.to(torch.int32).contiguous(),
         max_decode_ctx,
         prefill,
     )
-    _last_batch = (weakref.ref(batch), meta)
-    return meta
-
-
-_static_tables: dict[tuple[int, int], tuple[weakref.ref, torch.Tensor]] = {}
-
-
-def _static_table(cache: KVCache, layer: int, kv_heads: int, head_dim: int) -> torch.Tensor:
-    """[4, Hkv, D] fp32 (k_scale, k_zero, v_scale, v_zero) of one layer, per-head params broadcast over D."""
-    s = cache.static
-    key = (id(s), layer)
-    hit = _static_tables.get(key)
-    if hit is not None and hit[0]() is s:
-        return hit[1]
-    for dead in [k for k, (ref, _) in _static_tables.items() if ref() is None]:
-        del _static_tables[dead]
-    params = (s.k_scale[layer], s.k_zero[layer], s.v_scale[layer], s.v_zero[layer])
-    table = torch.stack([p.float().reshape(kv_heads, -1).expand(kv_heads, head_dim) for p in params]).contiguous()
-    _static_tables[key] = (weakref.ref(s), table)
-    return table
 
 
 @functools.cache
@@ -147,45 +139,72 @@ def decode_splits(programs: int, max_ctx: int, cfg: AttentionConfig, device: tor
     return splits
 
 
-def _check(q: torch.Tensor, cache: KVCache, layer: int, batch: ForwardBatch) -> None:
-    reason = unsupported_reason(q, cache)
+def _check(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    meta: AttentionMeta,
+    k_param: torch.Tensor | None,
+    v_param: torch.Tensor | None,
+    static: torch.Tensor | None,
+) -> int:
+    """The KV_MODE of a call the kernels take (paged_attention_kernels: 0 float, 1 static int8, 2 online int8)."""
+    int8 = k.dtype == torch.int8
+    reason = unsupported_reason(q, q.dtype if int8 else k.dtype)
     if reason is not None:
         raise ValueError(f"paged_attention_triton: unsupported {reason}")
-    k, v = cache.k[layer], cache.v[layer]
-    if q.dim() != 3 or q.shape[0] != batch.num_tokens or q.shape[2] != k.shape[3]:
-        raise ValueError(f"q {tuple(q.shape)} should be [{batch.num_tokens} tokens, heads, {k.shape[3]}]")
+    if k.dim() != 4 or k.shape != v.shape or k.dtype != v.dtype:
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} should be [blocks, block_size, Hkv, D] alike")
+    if q.dim() != 3 or q.shape[0] != meta.num_tokens or q.shape[2] != k.shape[3]:
+        raise ValueError(f"q {tuple(q.shape)} should be [{meta.num_tokens} tokens, heads, {k.shape[3]}]")
     if q.shape[1] % k.shape[2]:
         raise ValueError(f"{q.shape[1]} query heads are not a multiple of {k.shape[2]} KV heads")
     if q.stride(2) != 1 or k.stride() != v.stride() or k.stride(3) != 1:
         raise ValueError("q, k and v need a contiguous head dim, and k and v the same strides")
     if q.device != k.device:
         raise ValueError(f"q on {q.device} but the cache on {k.device}")
-    if cache.int8 and cache.static is None:
-        kp, vp = cache.k_param[layer], cache.v_param[layer]
-        if kp.stride() != vp.stride() or kp.stride(3) != 1 or kp.dtype != torch.float16:
-            raise ValueError("online int8 params need fp16 [blocks, block, Hkv, 2] with equal strides")
+    if static is not None:
+        if not int8 or k_param is not None or v_param is not None:
+            raise ValueError("a static int8 table goes with int8 K/V codes and no online params")
+        if static.shape != (4, *k.shape[2:]) or static.dtype != torch.float32 or not static.is_contiguous():
+            raise ValueError(f"static int8 params {tuple(static.shape)} need a contiguous fp32 [4, Hkv, D] table")
+        return 1
+    if k_param is None or v_param is None:
+        if int8 or k_param is not None or v_param is not None:
+            raise ValueError("int8 K/V codes need k_param and v_param (online) or static; float K/V neither")
+        return 0
+    kp, vp = k_param, v_param
+    layout = kp.shape == vp.shape == (*k.shape[:3], 2) and kp.stride() == vp.stride() and kp.stride(3) == 1
+    if not (int8 and layout and kp.dtype == vp.dtype == torch.float16):
+        raise ValueError("online int8 params need fp16 [blocks, block, Hkv, 2] with equal strides, beside int8 codes")
+    return 2
 
 
 def paged_attention_triton(
-    q: torch.Tensor, cache: KVCache, layer: int, batch: ForwardBatch, scale: float, config: AttentionConfig | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    meta: AttentionMeta,
+    scale: float,
+    *,
+    k_param: torch.Tensor | None = None,
+    v_param: torch.Tensor | None = None,
+    static: torch.Tensor | None = None,
+    config: AttentionConfig | None = None,
 ) -> torch.Tensor:
-    """q [T, Hq, D] (new tokens, rotated; their K/V already in the cache) -> out [T, Hq, D] in q's dtype."""
-    _check(q, cache, layer, batch)
+    """q [T, Hq, D] over one layer's pools k, v (module docstring) -> out [T, Hq, D] in q's dtype."""
+    kv_mode = _check(q, k, v, meta, k_param, v_param, static)
     cfg = config or default_config(q.shape[2], q.dtype)
     t, num_heads, d = q.shape
     out = torch.empty((t, num_heads, d), dtype=q.dtype, device=q.device)
     if t == 0:
         return out
-    k, v = cache.k[layer], cache.v[layer]
     kv_heads = k.shape[2]
     group = num_heads // kv_heads
     g_pad = triton.next_power_of_2(group)
-    meta = _batch_meta(batch, q.device)
-    kv_mode, kp, vp, static = 0, k, v, k
-    if cache.int8 and cache.static is not None:
-        kv_mode, static = 1, _static_table(cache, layer, kv_heads, d)
-    elif cache.int8:
-        kv_mode, kp, vp = 2, cache.k_param[layer], cache.v_param[layer]
+    # the kernel takes every pointer in every mode; the ones its KV_MODE does not read are k's
+    kp, vp = (k_param, v_param) if kv_mode == 2 else (k, v)
+    table = static if kv_mode == 1 else k
     strides = (
         q.stride(0),
         q.stride(1),
@@ -209,7 +228,7 @@ def paged_attention_triton(
             v,
             kp,
             vp,
-            static,
+            table,
             meta.tables,
             meta.seq_info,
             tiles,
@@ -221,7 +240,7 @@ def paged_attention_triton(
             BLOCK_M=block_m,
             BLOCK_N=cfg.block_n,
             HEAD_DIM=d,
-            BLOCK_SIZE=cache.block_size,
+            BLOCK_SIZE=k.shape[1],
             KV_MODE=kv_mode,
             SPLITS=splits,
             DOT_PRECISION=dot_precision,

@@ -32,7 +32,7 @@ def enabled() -> bool:
 
 
 def cache_file() -> Path:
-    from lmd.default_model import cache_dir
+    from lmd.cache_dir import cache_dir
 
     return cache_dir() / FILE_NAME
 

@@ -95,15 +95,15 @@ def _fill_cache(case: Case, gen, dtype):
 def run_case(case: Case) -> float:
     import torch
 
-    from lmd.turbomind.kernels.paged_attention import AttentionConfig, paged_attention_triton
-    from lmd.turbomind.paged_attention import paged_attention_reference
+    from lmd.turbomind.kernels.paged_attention import AttentionConfig
+    from lmd.turbomind.paged_attention import paged_attention_reference, paged_attention_triton_on_cache
 
     dtype = {"fp32": torch.float32, "fp16": torch.float16}[case.dtype]
     cache, batch, q = _fill_cache(case, torch.Generator().manual_seed(zlib.crc32(case.name.encode())), dtype)
     scale = case.head_dim**-0.5
     ref = paged_attention_reference(q, cache, 0, batch, scale, fused=False).float()
     cfg = AttentionConfig(block_m=case.block_m, block_n=case.block_n, num_splits=case.splits)
-    out = paged_attention_triton(q, cache, 0, batch, scale, cfg)
+    out = paged_attention_triton_on_cache(q, cache, 0, batch, scale, cfg)
     assert out.shape == q.shape and out.dtype == q.dtype and torch.isfinite(ref).all()
     return (out.float() - ref).abs().max().item()
 
@@ -122,15 +122,21 @@ def run_dispatched() -> float:
 
 
 def run_bad_shapes() -> list[str]:
+    """The kernel module's own checks, called with tensors as the engine side unpacks them."""
     import torch
 
-    from lmd.turbomind.kernels.paged_attention import paged_attention_triton
+    from lmd.turbomind.kernels.paged_attention import attention_meta, paged_attention_triton
 
     cache, batch, q = _fill_cache(Case("bad", ((3, 2),)), torch.Generator().manual_seed(3), torch.float32)
+    meta = attention_meta(batch.q_starts, batch.q_lens, batch.ctx_lens, batch.block_tables, q.device)
+    k, v = cache.k[0], cache.v[0]
+    strided = q.transpose(1, 2).contiguous().transpose(1, 2)
+    calls = [(bad, k, v) for bad in (q[:2], q[:, :3], q.to(torch.float16), strided)]
+    calls.append((q, k.to(torch.int8), v.to(torch.int8)))  # int8 codes without their params
     messages = []
-    for bad in (q[:2], q[:, :3], q.to(torch.float16), q.transpose(1, 2).contiguous().transpose(1, 2)):
+    for query, kc, vc in calls:
         try:
-            paged_attention_triton(bad, cache, 0, batch, 0.1)
+            paged_attention_triton(query, kc, vc, meta, 0.1)
             messages.append("accepted")
         except ValueError as e:
             messages.append(str(e))
@@ -230,9 +236,10 @@ def test_dispatch_runs_the_kernel_when_asked(interpreted: dict) -> None:
 
 
 def test_wrapper_rejects_bad_queries(interpreted: dict) -> None:
-    tokens, heads, dtype, strides = interpreted["bad-shapes"]
+    tokens, heads, dtype, strides, int8 = interpreted["bad-shapes"]
     assert "tokens" in tokens and "multiple" in heads
     assert "differs" in dtype and "contiguous head dim" in strides
+    assert "k_param and v_param" in int8
 
 
 @pytest.mark.parametrize("name", ["engine-fp32", "engine-int8-online", "engine-decode-graph"])
