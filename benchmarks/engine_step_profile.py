@@ -68,7 +68,9 @@ def profile(engine: Engine, batch: int, vocab: int, new_tokens: int) -> dict[str
         graphs._fill = timed(timers, "input copy (_fill)", graphs._fill)
     engine.scheduler.schedule = timed(timers, "schedule", engine.scheduler.schedule)
     engine.sampler.sample = timed(timers, "sample", engine.sampler.sample)
-    engine._postprocess = timed(timers, "postprocess", engine._postprocess)
+    engine._accept = timed(timers, "accept ids", engine._accept)
+    engine._emit_pending = timed(timers, "emit text (overlapped)" if engine._defer_output else "emit text",
+                                 engine._emit_pending)
     gen = GenerationConfig(max_new_tokens=new_tokens, top_k=1, ignore_eos=True)
     g = torch.Generator().manual_seed(batch)
     streams = [engine.generate(torch.randint(3, vocab, (256,), generator=g).tolist(), gen) for _ in range(batch)]
@@ -84,7 +86,8 @@ def profile(engine: Engine, batch: int, vocab: int, new_tokens: int) -> dict[str
     out = {name: statistics.median(v[-decode:]) * 1e3 for name, v in timers.items()}  # decode steps come last
     out["whole step"] = statistics.median(steps[-decode:]) * 1e3
     out["decode steps"] = decode
-    for owner, attribute in ((engine.scheduler, "schedule"), (engine.sampler, "sample"), (engine, "_postprocess")):
+    for owner, attribute in ((engine.scheduler, "schedule"), (engine.sampler, "sample"), (engine, "_accept"),
+                             (engine, "_emit_pending")):
         delattr(owner, attribute)  # back to the class's method
     if graphs is not None:
         graphs.graphs = {b: (t.graph, out_) for b, (t, out_) in graphs.graphs.items()}
@@ -99,6 +102,8 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--tiny", action="store_true", help="a tiny model on CPU (script check)")
+    p.add_argument("--async-output", default="on", choices=("on", "off"),
+                   help="stream a step's text while the next step runs (the engine thread's default) or after it")
     args = p.parse_args()
     device = torch.device("cpu" if args.tiny else "cuda")
     shape = dict(TINY if args.tiny else LLAMA2_7B, num_hidden_layers=2 if args.tiny else args.layers)
@@ -111,14 +116,15 @@ def main() -> None:
         sizes = [int(b) for b in args.batch_sizes.split(",")]
         dtype = "fp16" if device.type == "cuda" else "fp32"
         with Engine(ws, start=False, device=str(device), dtype=dtype, max_batch_size=max(sizes),
-                    session_len=1024) as engine:
+                    session_len=1024, async_output=args.async_output == "on") as engine:
             if engine.runner.graphs is None:  # CPU: the graphs' static buffers, run eagerly
                 engine.runner.enable_decode_graphs(capture=False)
             profile(engine, 1, shape["vocab_size"], 4)  # warm-up: first-use costs
             rows = {b: profile(engine, b, shape["vocab_size"], args.new_tokens) for b in sizes}
     out = Path(os.environ.get("OUT", "."), "engine_step_profile.json")
     gpu = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
-    out.write_text(json.dumps(dict(gpu=gpu, weights=args.weights, layers=args.layers, rows=rows), indent=1))
+    out.write_text(json.dumps(dict(gpu=gpu, weights=args.weights, layers=args.layers, async_output=args.async_output,
+                                   rows=rows), indent=1))
     names = [n for n in next(iter(rows.values())) if n != "decode steps"]
     name = "tiny" if args.tiny else "llama2-7b"
     print(f"\n{gpu}, {args.weights} {name} shape ({shape['num_hidden_layers']} layers): median ms per decode step")

@@ -90,6 +90,8 @@ class EngineConfig:
     tp: int = 1  # not in config.ini: tensor-parallel processes; any TP dividing the heads, whatever was deployed
     tp_rank: int = 0  # set by the engine for each rank's process
     cuda_graph: bool = True  # not in config.ini: replay captured CUDA graphs for decode steps (CUDA, tp = 1)
+    async_output: bool | None = None  # not in config.ini: stream a step's text while the next step runs; None: on
+    # when the engine thread steps (a caller driving step() itself sees each step's deltas when it returns)
 
     def __post_init__(self) -> None:
         positive = ("session_len", "max_batch_size", "max_context_token_num", "step_length", "cache_block_seq_len")
@@ -108,7 +110,8 @@ class EngineConfig:
             raise LmdError(f"dtype={self.dtype!r} is unknown; use auto, fp32, fp16 or bf16")
 
 
-_ENGINE_INI_KEYS = {f.name for f in fields(EngineConfig)} - {"device", "dtype", "tp", "tp_rank", "cuda_graph"}
+_ENGINE_INI_KEYS = {f.name for f in fields(EngineConfig)} - {"device", "dtype", "tp", "tp_rank", "cuda_graph",
+                                                             "async_output"}
 
 
 def read_config_ini(path: Path, overrides: dict[str, Any] | None = None) -> tuple[ModelConfig, EngineConfig]:

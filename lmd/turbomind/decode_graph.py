@@ -1,9 +1,9 @@
 """CUDA graphs of the decode step: every sequence of the batch adds one token.
 
 A decode step of a small model is mostly kernel launches from Python; replaying a captured graph removes them. One
-graph per batch-size bucket (1, 2, 4, ... up to max_batch_size); a batch runs in the smallest bucket that holds it,
-the rows past its size padded. Everything a step reads lives in static device buffers that the graph was captured
-on, refilled before each replay:
+graph per batch-size bucket (1, 2, 4, 8, 16, 24, ... up to max_batch_size); a batch runs in the smallest bucket that
+holds it, the rows past its size padded. Everything a step reads lives in static device buffers that the graph was
+captured on, refilled before each replay:
 
     input_ids, positions, slots, seq_lens   [B]          int64
     seq_info                                [B, 3]       int32   (row, 1, context length): the attention's metadata
@@ -37,11 +37,9 @@ def _zeros(count: int) -> array:
 
 
 def batch_buckets(max_batch: int) -> list[int]:
-    """1, 2, 4, ... below max_batch, then max_batch itself."""
-    out, b = [], 1
-    while b < max_batch:
-        out.append(b)
-        b *= 2
+    """1, 2, 4, then every multiple of 8 below max_batch, then max_batch itself (vLLM's capture sizes): a batch pads
+    by at most 7 rows, not up to twice its size."""
+    out = [b for b in (1, 2, 4) if b < max_batch] + list(range(8, max_batch, 8))
     return [*out, max_batch]
 
 

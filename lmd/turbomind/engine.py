@@ -8,6 +8,7 @@ With `start=False` no thread runs and the caller drives `step()` itself (tests, 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -64,6 +65,8 @@ class Engine:
         self._cv = threading.Condition()
         self._counts = dict(prompt_tokens=0, computed_tokens=0, generated_tokens=0, preemptions=0, steps=0)
         self._stopping = False
+        self._defer_output = start if cfg.async_output is None else cfg.async_output
+        self._pending: list[tuple[RequestState, int, Any, Any, str | None]] = []  # accepted, text not yet streamed
         self.last_error: Exception | None = None
         self._thread: threading.Thread | None = None
         if start:
@@ -124,8 +127,7 @@ class Engine:
         if self._thread is not None:
             self._thread.join()
         self._drain_inbox()  # requests queued but never admitted end with "abort" too
-        for seq_id in list(self._states):
-            self._finish(seq_id, "abort")
+        self._end_all("abort")
         self.runner.close()  # tensor parallelism: the worker processes exit
 
     def __enter__(self) -> Engine:
@@ -137,29 +139,50 @@ class Engine:
     # ---- engine thread ----
 
     def step(self) -> bool:
-        """One batch step; False when there was nothing to compute."""
+        """One batch step; False when there was nothing to compute.
+
+        Deferred output (`async_output`, with the engine thread): a step's sampled ids are accepted at once (the next
+        schedule needs them; stop tokens and lengths end requests here), their text deltas are made and streamed
+        while the GPU runs the next step. A stop string is therefore seen one step late: the request's token of
+        that next step is computed and dropped, and its stream is exactly what it would have been."""
         self._drain_inbox()
         output = self.scheduler.schedule()
         if not output.chunks:
+            self._emit_pending()
             return False
-        logits = self.runner.run(output)
+        logits = self.runner.run(output)  # on CUDA the launch returns at once; sampling below waits for the GPU
         self.scheduler.complete_step(output)
-        rows = [self._states[c.seq_id].sampling_row() for c in output.chunks if c.needs_logits]
+        states = [self._states[c.seq_id] for c in output.chunks if c.needs_logits]
+        rows = [state.sampling_row() for state in states]
+        if self._defer_output:
+            self._emit_pending()
         samples = self.sampler.sample(logits, rows)
-        self._postprocess(output, samples.token_ids, samples.logprobs, samples.top_logprobs)
+        self._accept(output, states, samples.token_ids, samples.logprobs, samples.top_logprobs)
+        if not self._defer_output:
+            self._emit_pending()
         return True
 
-    def _postprocess(self, output: SchedulerOutput, tokens: list[int], logprobs: list, top: list) -> None:
+    def _accept(self, output: SchedulerOutput, states: list[RequestState], tokens: list[int], logprobs: list,
+                top: list) -> None:
         self._counts["steps"] += 1
         self._counts["computed_tokens"] += output.num_tokens
         self._counts["preemptions"] += len(output.preempted)
-        sampled = [c.seq_id for c in output.chunks if c.needs_logits]
-        for seq_id, token, logprob, alternatives in zip(sampled, tokens, logprobs, top, strict=True):
-            state = self._states[seq_id]
-            delta = state.advance(token, logprob, alternatives)
+        for state, token, logprob, alternatives in zip(states, tokens, logprobs, top, strict=True):
+            if state.finished:  # ended by a stop string while this step ran: its token is dropped
+                continue
+            finish = state.accept(token)
             self._counts["generated_tokens"] += 1
-            if delta.finish_reason is not None:  # free first: a reader of the last delta sees the request gone
-                self._finish(seq_id, None)
+            if finish is not None:  # free at once; the final delta follows with the text
+                self._finish(state.seq.seq_id, None)
+            self._pending.append((state, token, logprob, alternatives, finish))
+
+    def _emit_pending(self) -> None:
+        """Text deltas of the accepted tokens, in order, to their streams."""
+        pending, self._pending = self._pending, []
+        for state, token, logprob, alternatives, finish in pending:
+            delta = state.delta(token, logprob, alternatives, finish)
+            if delta.finish_reason is not None and not state.finished:  # a stop string: free first, as below
+                self._finish(state.seq.seq_id, None)
             state.stream.put(delta)
 
     def _admit(self, state: RequestState) -> None:
@@ -168,6 +191,7 @@ class Engine:
         self.scheduler.add(state.seq)
 
     def _abort(self, request_id: object) -> None:
+        self._emit_pending()  # the request's earlier deltas reach its stream before the abort
         seq_id = self._seq_of.get(request_id)
         if seq_id is not None and seq_id in self._states:
             self._finish(seq_id, "abort")
@@ -175,11 +199,17 @@ class Engine:
     def _finish(self, seq_id: int, reason: str | None) -> None:
         """Free everything of a request; `reason` set: also end its stream (abort, error)."""
         state = self._states.pop(seq_id)
+        state.finished = True
         with self._cv:  # generate() checks request ids under the same lock
             self._seq_of.pop(state.request_id, None)
         self.scheduler.finish(state.seq)
         if reason is not None:
             state.stream.put(state.final_delta(reason, state.stop_strings.flush()))
+
+    def _end_all(self, reason: str) -> None:
+        self._emit_pending()
+        for seq_id in list(self._states):
+            self._finish(seq_id, reason)
 
     def _drain_inbox(self) -> None:
         with self._cv:
@@ -198,9 +228,12 @@ class Engine:
                 progressed = self.step()
             except Exception as exc:  # a failed step ends every request in flight, the engine stays usable
                 self.last_error = exc  # first: a reader may look at it as soon as its "error" delta lands
-                for seq_id in list(self._states):
-                    self._finish(seq_id, "error")
+                with contextlib.suppress(Exception):  # the deltas of tokens accepted before the failure
+                    self._emit_pending()
+                self._end_all("error")
                 continue
+            if not self.scheduler.has_work():  # idle next: the last step's deltas go out now
+                self._emit_pending()
             if not progressed:
                 with self._cv:
                     self._cv.wait(timeout=0.005)

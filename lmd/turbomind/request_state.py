@@ -18,18 +18,30 @@ class RequestState:
         self.detokenizer = IncrementalDetokenizer(tokenizer, seq.token_ids, config.skip_special_tokens)
         self.stop_strings = StopStringMatcher(config.stop_words)
         self.generator = request_generator(config)
+        self.finished = False  # set by the engine when it frees the request
 
     def sampling_row(self) -> SamplingRow:
         return SamplingRow(self.config, self.seq.token_ids, self.seq.num_generated, self.generator, self.eos_ids)
 
     def advance(self, token: int, logprob: float | None, top: list[tuple[int, float]] | None) -> Delta:
         """Append the sampled token and make its delta; a delta with a finish_reason ends the request."""
+        return self.delta(token, logprob, top, self.accept(token))
+
+    def accept(self, token: int) -> str | None:
+        """Append the sampled token; the finish decided by ids alone (stop or eos token, length), else None. The
+        scheduler needs this before the next step; the text (`delta`) may come later."""
         seq, config = self.seq, self.config
         seq.token_ids.append(token)
-        is_stop_token = token in config.stop_token_ids or (token in self.eos_ids and not config.ignore_eos)
-        finish = "stop" if is_stop_token else None
-        if finish is None and (seq.num_generated >= config.max_new_tokens or len(seq) >= self.max_len):
-            finish = "length"
+        if token in config.stop_token_ids or (token in self.eos_ids and not config.ignore_eos):
+            return "stop"
+        if seq.num_generated >= config.max_new_tokens or len(seq) >= self.max_len:
+            return "length"
+        return None
+
+    def delta(self, token: int, logprob: float | None, top: list[tuple[int, float]] | None,
+              finish: str | None) -> Delta:
+        """The text delta of an accepted token; a stop string may end the request here (finish "stop")."""
+        is_stop_token = finish == "stop"
         text, hit = self.stop_strings.push("" if is_stop_token else self.detokenizer.push(token))
         if hit:
             finish = "stop"

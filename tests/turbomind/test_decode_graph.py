@@ -30,10 +30,12 @@ def _generate(engine: Engine) -> list[list[int]]:
     return [s.result().token_ids for s in streams]
 
 
-def test_buckets_double_up_to_the_largest_batch() -> None:
+def test_buckets_step_by_eight_up_to_the_largest_batch() -> None:
     assert batch_buckets(1) == [1]
     assert batch_buckets(6) == [1, 2, 4, 6]
-    assert batch_buckets(64) == [1, 2, 4, 8, 16, 32, 64]
+    assert batch_buckets(8) == [1, 2, 4, 8]
+    assert batch_buckets(64) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+    assert batch_buckets(257)[-3:] == [248, 256, 257] and len(batch_buckets(256)) == 35
 
 
 def test_cpu_engine_keeps_a_scratch_block_and_captures_nothing(tiny_llama_ws) -> None:

@@ -1,0 +1,191 @@
+"""Decode ms per token beside LMDeploy's PyTorch engine, in one call: the same random Llama-2-7B-shaped fp16 weights,
+128 prompt / 128 output tokens, greedy, EOS ignored, batch 1 / 16 / 64 (issue 14's table).
+
+    python3 benchmarks/decode_vs_lmdeploy.py [--batch-sizes 1,16,64] [--peers .peers]
+    python3 benchmarks/decode_vs_lmdeploy.py --tiny      # a tiny model on CPU, lmd only: checks the script
+
+lmd runs through `lmd.bench.latency` with deferred output off and on (engine option `async_output`) and CUDA graphs
+on; its start-up time (weights + graph capture of every batch bucket) is recorded. LMDeploy 0.18.0 (PyTorch engine,
+CUDA graphs, installed from `<peers>/lmdeploy-pt-0.18/wheels` into /tmp/site, see ../shared/peers/README.md) runs in a
+child process on an HF checkpoint rebuilt from lmd's workspace (`reconstruct_hf_state_dict`), fed token ids through
+its async engine; its decode interval per request is (time of the last token - time of the first) / (tokens - 1),
+lmd.bench's definition. Writes $OUT/decode_vs_lmdeploy.json and prints a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from engine import LLAMA2_7B, TINY, build_workspace, write_tokenizer  # noqa: E402
+
+from lmd.bench.latency import LatencyConfig, run_latency  # noqa: E402
+
+INPUT_LEN, OUTPUT_LEN = 128, 128
+
+
+def lmd_rows(ws: Path, args: argparse.Namespace, device: str, async_output: bool) -> dict:
+    from lmd.turbomind.engine import Engine
+
+    dtype = "fp16" if device == "cuda" else "fp32"
+    start = time.perf_counter()
+    with Engine(ws, device=device, dtype=dtype, max_batch_size=max(args.batch_sizes), session_len=1024,
+                async_output=async_output) as engine:
+        start_s = time.perf_counter() - start
+        graphs = engine.runner.graphs
+        config = LatencyConfig(INPUT_LEN, OUTPUT_LEN, tuple(args.batch_sizes), args.warmup, args.iters, args.seed)
+        rows = {}
+        for result in run_latency(engine, config):
+            decode = result.decode_per_token()
+            rows[result.batch_size] = {"decode_ms_mean": decode.mean * 1e3, "decode_ms_median": decode.median * 1e3}
+    return {"engine_start_s": start_s, "graph_buckets": None if graphs is None else list(graphs.buckets),
+            "rows": rows}
+
+
+def write_hf_checkpoint(ws: Path, out: Path, shape: dict) -> Path:
+    """lmd's workspace back as an HF Llama directory (the same weights), for the peer."""
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig
+
+    from lmd.deploy.workspace_reader import reconstruct_hf_state_dict
+
+    out.mkdir(parents=True)
+    state = {name: t.contiguous() for name, t in reconstruct_hf_state_dict(ws).items()}
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    del state
+    LlamaConfig(**shape, max_position_embeddings=1024, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2,
+                torch_dtype="float16").save_pretrained(str(out))
+    write_tokenizer(out, shape["vocab_size"])
+    return out
+
+
+def lmdeploy_child(hf_dir: str, batch_sizes: list[int], warmup: int, iters: int, seed: int) -> dict:
+    """Runs in the child process (LMDeploy installed on its path)."""
+    from lmdeploy import GenerationConfig, PytorchEngineConfig, pipeline
+
+    start = time.perf_counter()
+    pipe = pipeline(hf_dir, backend_config=PytorchEngineConfig(tp=1, max_batch_size=max(batch_sizes),
+                                                               cache_max_entry_count=0.5, session_len=1024))
+    start_s = time.perf_counter() - start
+    gen = GenerationConfig(max_new_tokens=OUTPUT_LEN, ignore_eos=True, do_sample=False)
+    g = torch.Generator().manual_seed(seed)
+    session = iter(range(1, 10**9))
+
+    async def one(ids: list[int]) -> float | None:
+        first = last = None
+        async for out in pipe.generate(messages=None, session_id=next(session), gen_config=gen, input_ids=ids,
+                                       stream_response=True, do_preprocess=False):
+            now, count = time.perf_counter(), out.generate_token_len
+            if count and first is None:
+                first = (now, count)
+            last = (now, count)
+        if first is None or last[1] <= first[1]:
+            return None
+        return (last[0] - first[0]) / (last[1] - first[1])
+
+    async def batch(b: int) -> list[float]:
+        prompts = [torch.randint(3, 32000, (INPUT_LEN,), generator=g).tolist() for _ in range(b)]
+        return [x for x in await asyncio.gather(*(one(p) for p in prompts)) if x is not None]
+
+    rows = {}
+    for b in batch_sizes:
+        gaps: list[float] = []
+        for i in range(warmup + iters):
+            out = pipe._run(coro=batch(b)).result()
+            if i >= warmup:
+                gaps += out
+        rows[b] = {"decode_ms_mean": statistics.mean(gaps) * 1e3, "decode_ms_median": statistics.median(gaps) * 1e3}
+    pipe.close()
+    return {"engine_start_s": start_s, "rows": rows}
+
+
+def run_lmdeploy(hf_dir: Path, args: argparse.Namespace) -> dict:
+    wheels = sorted(Path(args.peers, "lmdeploy-pt-0.18", "wheels").glob("*.whl"))
+    if not wheels:
+        return {"skipped": f"no LMDeploy wheels under {args.peers}/lmdeploy-pt-0.18/wheels"}
+    site = "/tmp/site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                    "--no-cache-dir", "--upgrade", "--target", site, *map(str, wheels)], check=True)
+    out = Path(tempfile.mkdtemp()) / "lmdeploy.json"
+    cmd = [sys.executable, __file__, "--lmdeploy-child", str(hf_dir), "--child-out", str(out),
+           "--batch-sizes", ",".join(map(str, args.batch_sizes)), "--warmup", str(args.warmup),
+           "--iters", str(args.iters), "--seed", str(args.seed)]
+    env = {**os.environ, "PYTHONPATH": site + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run(cmd, env=env, timeout=args.peer_timeout)
+    if done.returncode != 0:
+        return {"failed": f"exit code {done.returncode}"}
+    result = json.loads(out.read_text())
+    result["rows"] = {int(b): row for b, row in result["rows"].items()}
+    return result
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--batch-sizes", default="1,16,64")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--iters", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--peers", default=".peers", help="folder holding lmdeploy-pt-0.18/ (a copy of ../shared/peers)")
+    p.add_argument("--no-peer", action="store_true", help="lmd only")
+    p.add_argument("--peer-timeout", type=int, default=300, help="seconds the LMDeploy child may take")
+    p.add_argument("--tiny", action="store_true", help="tiny model on CPU, lmd only (script check)")
+    p.add_argument("--lmdeploy-child", help=argparse.SUPPRESS)
+    p.add_argument("--child-out", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    if args.tiny:
+        args.batch_sizes, args.iters, args.no_peer = [1, 4], 1, True
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    if args.lmdeploy_child:
+        result = lmdeploy_child(args.lmdeploy_child, args.batch_sizes, args.warmup, args.iters, args.seed)
+        Path(args.child_out).write_text(json.dumps(result))
+        return
+    device = "cpu" if args.tiny else "cuda"
+    shape = TINY if args.tiny else LLAMA2_7B
+    results: dict = {"gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+                     "input_len": INPUT_LEN, "output_len": OUTPUT_LEN, "iters": args.iters}
+    with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as tmp:
+        ws = build_workspace(Path(tmp, "ws"), shape, False, 1024, torch.device(device))
+        for async_output in (False, True):
+            label = f"lmd async_output {'on' if async_output else 'off'}"
+            print(f"[{label}]", flush=True)
+            results[label] = lmd_rows(ws, args, device, async_output)
+            gc.collect()
+            if device == "cuda":
+                torch.cuda.empty_cache()
+        if not args.no_peer:
+            print("[LMDeploy 0.18 PyTorch engine]", flush=True)
+            hf_dir = write_hf_checkpoint(ws, Path(tmp, "hf"), shape)
+            results["LMDeploy 0.18 PT"] = run_lmdeploy(hf_dir, args)
+    out = Path(os.environ.get("OUT", "."), "decode_vs_lmdeploy.json")
+    out.write_text(json.dumps(results, indent=1))
+    systems = [k for k, v in results.items() if isinstance(v, dict) and "rows" in v]
+    print(f"\n{results['gpu']}: decode ms/token (mean over requests), {INPUT_LEN} in / {OUTPUT_LEN} out, fp16")
+    print(f"{'batch':>6}" + "".join(f"{s:>26}" for s in systems))
+    for b in args.batch_sizes:
+        print(f"{b:>6}" + "".join(f"{results[s]['rows'][b]['decode_ms_mean']:>26.2f}" for s in systems))
+    print(f"{'start s':>6}" + "".join(f"{results[s]['engine_start_s']:>26.1f}" for s in systems))
+    for k, v in results.items():
+        if isinstance(v, dict) and "rows" not in v and k != "gpu":
+            print(f"{k}: {v}")
+
+
+if __name__ == "__main__":
+    main()
