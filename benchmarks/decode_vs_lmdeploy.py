@@ -67,7 +67,7 @@ def write_hf_checkpoint(ws: Path, out: Path, shape: dict) -> Path:
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     del state
     LlamaConfig(**shape, max_position_embeddings=1024, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2,
-                torch_dtype="float16").save_pretrained(str(out))
+                dtype="float16", architectures=["LlamaForCausalLM"]).save_pretrained(str(out))
     write_tokenizer(out, shape["vocab_size"])
     return out
 

@@ -1,0 +1,137 @@
+"""Where the GPU time of one decode step goes, per kernel: Llama-2-7B-shaped fp16 random weights, a batch of decoding
+sequences at a short and a long context (issue 14, deliverable 3). A CUDA machine.
+
+    python3 benchmarks/decode_step_kernels.py [--batch 64] [--contexts 128,1024] [--steps 10]
+
+For each context the engine (start=False, CUDA graphs off so that every kernel launch is visible) prefills `batch`
+prompts of that length, decodes a few warm-up steps, then runs `steps` decode steps under torch.profiler. Kernel
+times are summed per kernel name and divided by the number of steps; kernels are also grouped (GEMM, attention,
+fused layer ops, sampling and logits, copies, other). The whole GPU step with graph replay is timed separately
+with CUDA events (same batch, same context) for comparison. Writes $OUT/decode_step_kernels.json, prints tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from engine import LLAMA2_7B, build_workspace  # noqa: E402
+
+from lmd.turbomind.engine import Engine  # noqa: E402
+from lmd.turbomind.gen_config import GenerationConfig  # noqa: E402
+
+GROUPS = (  # first match wins: (group, substrings of the kernel name, lower case)
+    ("attention", ("_attention_kernel", "_combine_kernel", "flash", "sdpa", "attention")),
+    ("fused layer ops", ("rms", "silu", "rotary", "rope", "norm")),
+    ("GEMM", ("gemm", "gemv", "cutlass", "sm90_xmma", "ampere", "cublas", "matmul", "splitk")),
+    ("sampling + logits", ("argmax", "softmax", "topk", "sort", "max", "reduce", "log_softmax", "cumsum")),
+    ("copies + index", ("copy", "index", "gather", "scatter", "fill", "cat", "elementwise")),
+)
+
+
+def group_of(name: str) -> str:
+    low = name.lower()
+    return next((g for g, keys in GROUPS if any(k in low for k in keys)), "other")
+
+
+def decoding_engine(ws: Path, args: argparse.Namespace, context: int, cuda_graph: bool, device: str) -> Engine:
+    engine = Engine(ws, start=False, device=device, dtype="fp16" if device == "cuda" else "fp32",
+                    max_batch_size=args.batch, session_len=context + 256, cache_max_entry_count=0.5,
+                    max_context_token_num=max(2048, context), cuda_graph=cuda_graph)
+    g = torch.Generator().manual_seed(context)
+    gen = GenerationConfig(max_new_tokens=10**4, temperature=0, ignore_eos=True)
+    vocab = engine.workspace.model.vocab_size
+    for _ in range(args.batch):
+        engine.generate(torch.randint(3, vocab, (context,), generator=g).tolist(), gen)
+    while engine.stats().waiting or any(s.num_uncomputed > 1 for s in engine.scheduler.running):
+        engine.step()  # prefill every prompt
+    for _ in range(3):
+        engine.step()  # warm-up decode steps
+    return engine
+
+
+def kernel_profile(engine: Engine, steps: int) -> dict[str, float]:
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            engine.step()
+        torch.cuda.synchronize()
+    per_kernel: dict[str, float] = defaultdict(float)
+    for avg in prof.key_averages():
+        if avg.device_type.name == "CUDA":  # kernels and memcpys
+            per_kernel[avg.key] += avg.self_device_time_total / 1e3 / steps  # us -> ms per step
+    return dict(sorted(per_kernel.items(), key=lambda kv: -kv[1]))
+
+
+def graph_step_ms(engine: Engine, steps: int) -> float:
+    graphs = engine.runner.graphs
+    assert graphs is not None, "decode graphs were not captured"
+    # each sequence's last computed position again: its block exists (the next one may not be allocated yet)
+    chunks = [([s.token_ids[-2]], len(s) - 2, list(s.block_table)) for s in engine.scheduler.running]
+    b = graphs.bucket(len(chunks))
+    graphs.run(chunks)  # fills the static buffers
+    graph, _ = graphs.graphs[b]
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(steps):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / steps
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--contexts", default="128,1024")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--top", type=int, default=14, help="kernels listed per context")
+    args = p.parse_args()
+    device = "cuda"
+    contexts = [int(c) for c in args.contexts.split(",")]
+    results: dict = {"gpu": torch.cuda.get_device_name(), "batch": args.batch, "steps": args.steps, "contexts": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        ws = build_workspace(Path(tmp, "ws"), LLAMA2_7B, False, 2048, torch.device(device))
+        for context in contexts:
+            engine = decoding_engine(ws, args, context, cuda_graph=False, device=device)
+            kernels = kernel_profile(engine, args.steps)
+            engine.close()
+            del engine  # its weights and KV pool go before the next engine sizes its own
+            gc.collect()
+            torch.cuda.empty_cache()
+            engine = decoding_engine(ws, args, context, cuda_graph=True, device=device)
+            replay = graph_step_ms(engine, args.steps)
+            engine.close()
+            del engine
+            gc.collect()
+            torch.cuda.empty_cache()
+            groups: dict[str, float] = defaultdict(float)
+            for name, ms in kernels.items():
+                groups[group_of(name)] += ms
+            results["contexts"][context] = {"graph_replay_ms": replay, "kernel_sum_ms": sum(kernels.values()),
+                                            "groups_ms": dict(groups), "kernels_ms": kernels}
+    Path(os.environ.get("OUT", "."), "decode_step_kernels.json").write_text(json.dumps(results, indent=1))
+    for context, r in results["contexts"].items():
+        print(f"\n{results['gpu']}, fp16 Llama-2-7B shape, batch {args.batch}, context {context}: "
+              f"graph replay {r['graph_replay_ms']:.3f} ms/step, eager kernels sum {r['kernel_sum_ms']:.3f} ms")
+        for group, ms in sorted(r["groups_ms"].items(), key=lambda kv: -kv[1]):
+            print(f"  {group:20} {ms:8.3f}")
+        for name, ms in list(r["kernels_ms"].items())[: args.top]:
+            print(f"    {ms:8.3f}  {name[:110]}")
+
+
+if __name__ == "__main__":
+    main()
