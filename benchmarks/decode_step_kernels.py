@@ -53,8 +53,10 @@ def decoding_engine(ws: Path, args: argparse.Namespace, context: int, cuda_graph
     vocab = engine.workspace.model.vocab_size
     for _ in range(args.batch):
         engine.generate(torch.randint(3, vocab, (context,), generator=g).tolist(), gen)
+    engine.step()  # admits the requests (they wait in the inbox until a step)
     while engine.stats().waiting or any(s.num_uncomputed > 1 for s in engine.scheduler.running):
         engine.step()  # prefill every prompt
+    assert len(engine.scheduler.running) == args.batch, "every sequence decodes (raise cache_max_entry_count)"
     for _ in range(3):
         engine.step()  # warm-up decode steps
     return engine
