@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import threading
 
 import pytest
 
@@ -45,19 +46,35 @@ def test_respond_streams_a_growing_reply_equal_to_the_engines(engine):
     assert cached >= 32 + 8 - ENGINE_OPTIONS["cache_block_seq_len"] and f"{cached} of them from the prefix" in status
 
 
-def test_stop_aborts_the_engine_request_and_keeps_the_partial_reply(engine):
-    events = ChatEvents(engine, GenerationConfig(temperature=0, ignore_eos=True))
-    updates = events.respond("Hi there", None, 0.0, 0.8, 300)
-    shown = []
-    for update in updates:
-        chat, session, _, status = update
-        shown.append(chat[-1]["content"])
-        if len(shown) == 3:
-            events.stop(session)
-    assert status.startswith(f"{len(session.last.token_ids)} tokens generated (stopped)")
-    assert session.last.finish_reason == "abort" and 2 <= len(session.last.token_ids) < 300
-    assert chat == session.messages and chat[-1] == _assistant(shown[-1])
-    assert engine.stats().running == 0 and not session.generating
+def test_stop_aborts_the_engine_request_and_keeps_the_partial_reply(chat_ws):
+    """The engine takes one step per update the page has shown, so Stop lands mid-reply however loaded the machine."""
+    engine = Engine(chat_ws, start=False, **ENGINE_OPTIONS)
+    steps, done = threading.Semaphore(0), threading.Event()
+
+    def stepper() -> None:
+        while not done.is_set():
+            if steps.acquire(timeout=0.05):
+                engine.step()
+
+    thread = threading.Thread(target=stepper, daemon=True)
+    thread.start()
+    try:
+        events = ChatEvents(engine, GenerationConfig(temperature=0, ignore_eos=True))
+        shown = []
+        for update in events.respond("Hi there", None, 0.0, 0.8, 300):
+            chat, session, _, status = update
+            shown.append(chat[-1]["content"])
+            if len(shown) == 3:
+                events.stop(session)
+            steps.release()
+        assert status.startswith(f"{len(session.last.token_ids)} tokens generated (stopped)")
+        assert session.last.finish_reason == "abort" and 2 <= len(session.last.token_ids) <= 3
+        assert chat == session.messages and chat[-1] == _assistant(shown[-1])
+        assert engine.stats().running == 0 and not session.generating
+    finally:
+        done.set()
+        thread.join()
+        engine.close()
 
 
 def test_too_long_history_and_reset(chat_ws):

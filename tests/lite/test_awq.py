@@ -11,6 +11,10 @@ from lmd.lite.awq import AwqConfig, check_group_size, quantize_model
 from lmd.lite.quantizer import fake_quantize
 from tests.conftest import build_tiny_model
 
+# Held-out sequences of 64 tokens. With 4 of them gptq/awq ranged 0.44..0.90 over 3 model inits x 4 calibration seeds
+# (one held-out draw each), with 16 it ranges 0.47..0.73 (four draws each): the spread was the held-out sample's.
+HELD_OUT = 16
+
 
 def _load(path):
     from transformers import AutoModelForCausalLM
@@ -46,7 +50,7 @@ def outlier_model(tmp_path_factory):
 
 
 def test_awq_output_error_is_lower_than_rtn(outlier_model):
-    calib, held_out = _ids(8, 64, seed=0), _ids(4, 64, seed=1)
+    calib, held_out = _ids(8, 64, seed=0), _ids(HELD_OUT, 64, seed=1)
     reference = _final_hidden(_load(outlier_model), held_out)
     errors = {}
     for name, config in {
@@ -56,11 +60,12 @@ def test_awq_output_error_is_lower_than_rtn(outlier_model):
         model = _load(outlier_model)
         quantize_model(model, calib, config)
         errors[name] = float((_final_hidden(model, held_out) - reference).pow(2).mean())
+    # awq/rtn over 3 model inits x 4 calibration seeds x 2 held-out draws: 0.24..0.39; bound 0.8 (2x)
     assert errors["awq"] < 0.8 * errors["rtn"], errors
 
 
 def test_gptq_with_quantized_inputs_beats_plain_awq(outlier_model):
-    calib, held_out = _ids(8, 64, seed=0), _ids(4, 64, seed=1)
+    calib, held_out = _ids(8, 64, seed=0), _ids(HELD_OUT, 64, seed=1)
     reference = _final_hidden(_load(outlier_model), held_out)
     errors = {}
     for name, config in {
@@ -70,7 +75,7 @@ def test_gptq_with_quantized_inputs_beats_plain_awq(outlier_model):
         model = _load(outlier_model)
         quantize_model(model, calib, config)
         errors[name] = float((_final_hidden(model, held_out) - reference).pow(2).mean())
-    assert errors["gptq"] < errors["awq"], errors
+    assert errors["gptq"] < errors["awq"], errors  # gptq/awq over the same 24: 0.47..0.72
 
 
 def test_method_names_the_extensions():
@@ -127,7 +132,7 @@ def test_config_errors(kwargs, match):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_awq_on_cuda_keeps_the_model_on_the_host_and_beats_rtn(outlier_model):
-    calib, held_out = _ids(8, 64, seed=0), _ids(4, 64, seed=1)
+    calib, held_out = _ids(8, 64, seed=0), _ids(HELD_OUT, 64, seed=1)
     reference = _final_hidden(_load(outlier_model), held_out)
     rtn = _load(outlier_model)
     quantize_model(rtn, calib, AwqConfig(group_size=32, search_scale=False, clip=False))

@@ -42,4 +42,5 @@ def test_smollm2_awq_g64_beats_rtn_and_g128_is_refused(smollm2_hf):
         with torch.no_grad():
             got = model(held_out, output_hidden_states=True).hidden_states[-1]
         errors[name] = float((got - expected).pow(2).mean())
+    # awq/rtn over 6 calibration/held-out seed pairs x 2 package sets, AVX-512 and AVX2 kernels: 0.61..0.69; bound 1.0
     assert errors["awq"] < errors["rtn"], errors

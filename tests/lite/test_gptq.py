@@ -25,7 +25,8 @@ def test_gptq_beats_round_to_nearest_on_held_out_inputs(act_order):
     q = gptq_quantize(w, calib.T @ calib / calib.shape[0], grid, act_order=act_order, block_size=48)
     assert torch.equal(q.scales, grid.scales) and torch.equal(q.zeros, grid.zeros)
     assert q.codes.dtype == torch.uint8 and int(q.codes.max()) <= 15
-    assert _output_error(w, q.dequantize(), held_out) < 0.7 * _output_error(w, grid.dequantize(), held_out)
+    # gptq/rtn over 10 seeds: 0.55..0.62 (act_order 0.36..0.39); bound 0.8 (1.3x); no error feedback gives 1.0
+    assert _output_error(w, q.dequantize(), held_out) < 0.8 * _output_error(w, grid.dequantize(), held_out)
 
 
 def test_uncorrelated_inputs_give_round_to_nearest_on_the_grid():

@@ -97,13 +97,16 @@ def test_real_server_process(serve_ws) -> None:
     stopping = False
     base, auth = f"http://127.0.0.1:{port}", {"Authorization": "Bearer sekrit"}
     try:
-        for _ in range(300):  # wait for the port to answer (or the process to die)
+        deadline = time.monotonic() + 240  # start-up takes ~8 s on 2 loaded cores; a stuck one fails clearly
+        while True:  # wait for the port to answer (or the process to die)
             assert server.poll() is None, server.stderr.read() if server.stderr else ""
             try:
                 if httpx.get(f"{base}/health", timeout=1).status_code == 200:
                     break
             except httpx.TransportError:
-                time.sleep(0.1)
+                pass
+            assert time.monotonic() < deadline, "lmd serve did not answer /health within 240 s"
+            time.sleep(0.1)
         body = {
             "model": "tiny",
             "messages": [{"role": "user", "content": "Hi"}],

@@ -32,8 +32,10 @@ def test_int4_forward_matches_dequantized_hf(int4_ws, dtype):
                                 runner.cache)
     with torch.no_grad():
         ref = reference(torch.tensor([ids])).logits[0]
-    # the workspace folds zeros as -z*s in fp16 (docs/workspace.md): a rounding away from the exact (q - z) * s
-    assert (ours - ref).abs().max() < (2e-3 if dtype == "fp32" else 5e-3)
+    # the workspace folds zeros as -z*s in fp16 (docs/workspace.md): a rounding away from the exact (q - z) * s.
+    # Over 10 id windows x 2 package sets: fp32 6.8e-4..1.4e-3, fp16 1.1e-3..1.7e-3; bounds 4e-3 / 5e-3 (2.8x / 2.9x);
+    # int4 vs the float weights differ by 0.2
+    assert (ours - ref).abs().max() < (4e-3 if dtype == "fp32" else 5e-3)
 
 
 def test_engine_window_scorer_equals_hf_nll(int4_ws):
@@ -45,5 +47,5 @@ def test_engine_window_scorer_equals_hf_nll(int4_ws):
     ours = engine_window_scorer(engine)(ids)
     with torch.no_grad():
         ref = F.cross_entropy(reference(ids[None]).logits[0, :-1], ids[1:], reduction="sum").item()
-    assert abs(ours - ref) < 1e-3 * abs(ref)
+    assert abs(ours - ref) < 1e-3 * abs(ref)  # over 10 seeds x 2 package sets: 5e-7..4.4e-6 relative
     assert engine.stats().blocks_used == 0

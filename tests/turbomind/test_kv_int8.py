@@ -21,6 +21,8 @@ def test_online_quantization_error_is_within_half_a_step():
     back = kv_int8.dequantize(q, scale[..., None], zero[..., None], torch.float32)
     assert (back - x).abs().le(scale[..., None].float() * 0.5 + 1e-6).all()
     assert q.min() >= -128 and q.max() <= 127
+    # the step fits each row's range: both ends reach the outer codes (a step twice too wide would stop at +-64)
+    assert (q.amax(-1) == 127).all() and (q.amin(-1) == -127).all()
 
 
 def test_int8_doubles_the_blocks_of_fp16(monkeypatch):
@@ -70,6 +72,7 @@ def test_int8_kv_logits_stay_close_to_float_kv(tiny_llama_ws, tmp_path):
     static, static_runner = _logits(ws, ids, quant_policy=4)
     assert static_runner.kv_int8_static and static_runner.cache.k[0].dtype == torch.int8
     span = (ref.amax(-1) - ref.amin(-1)).max()
+    # spread over 10 id seeds x 2 package sets: online 0.0022..0.0034 span, static 0.0035..0.0056; bounds 6x and 9x
     assert (online - ref).abs().max() < 0.02 * span
     assert (static - ref).abs().max() < 0.05 * span
     assert not torch.equal(online, ref) and not torch.equal(static, online)
@@ -88,6 +91,7 @@ def test_per_channel_static_params_are_read_and_beat_per_head(tiny_llama_ws, tmp
     assert head_runner.cache.static.k_scale[0].shape == (heads, 1)
     assert channel_runner.cache.static.k_scale[0].shape == (heads, dim)
     assert channel_runner.bytes_per_block == head_runner.bytes_per_block
+    # per-channel / per-head mean error over 10 id seeds x 2 package sets: 0.53..0.80
     assert 0 < (per_channel - ref).abs().mean() < (per_head - ref).abs().mean()
 
 

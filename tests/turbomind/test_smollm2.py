@@ -1,6 +1,10 @@
 """SmolLM2-135M-Instruct (fp32 workspace deployed from the GGUF) on CPU: greedy output token-identical to HF generate.
 
 LMD_ENGINE_TOKENS sets the generation length (16 in CI; the closing measurement used 64).
+
+The two perplexity tests score 1,022 tokens: enough to catch a broken int4 or int8 path, far too few to resolve the
+goals of docs/engine.md (int4 within 0.5 %, KV int8 within 0.3 %), which are measured there on 16,376 tokens. Their
+bounds are set from the spread of the same statistic over other windows, package sets and CPU kernels.
 """
 
 from __future__ import annotations
@@ -105,7 +109,7 @@ def test_logits_match_hf(smol_ws, hf_model, prompt_ids, hf_outputs):
             ref = hf_model(torch.tensor([full])).logits[0].float()
         worst = max(worst, (ours - ref).abs().max().item())
     print(f"max |logits - HF| = {worst:.3g}")
-    assert worst < 1e-3
+    assert worst < 1e-3  # 2 package sets: 0 with AVX-512 kernels, 7.4e-5 with AVX2
 
 
 def _wikitext_ids(tokenizer, n: int) -> torch.Tensor:
@@ -128,6 +132,7 @@ def test_int4_engine_ppl_matches_dequantized_hf(smollm2_hf, tmp_path):
     ours = perplexity(engine_window_scorer(engine), ids, seqlen=512, progress=False).ppl
     ref = perplexity(hf_window_scorer(reference), ids, seqlen=512, progress=False).ppl
     print(f"int4 ppl: engine {ours:.4f} vs dequantized HF {ref:.4f}")
+    # spread, 8 windows x 2 package sets + 4 windows x AVX2/default CPU kernels: -0.040..+0.034 %; bound 0.5 % (12x)
     assert abs(ours - ref) / ref < 0.005
 
 
@@ -142,4 +147,7 @@ def test_kv_int8_online_ppl_close_to_float_kv(smol_ws):
     assert int8.runner.cache.k[0].dtype == torch.int8 and not int8.runner.kv_int8_static
     ppl = perplexity(engine_window_scorer(int8), ids, seqlen=512, progress=False).ppl
     print(f"KV int8 online ppl {ppl:.4f} vs float KV {base:.4f}")
-    assert abs(ppl - base) / base < 0.003
+    # spread, 8 windows x 2 package sets + 4 windows x AVX2/default CPU kernels: +0.035..+0.39 % (CI +0.36 %); bound
+    # 1 % (2.6x). A 4-bit step gives +9 %, a dropped zero point +16,000 %; a 6-bit step (+0.32 %) or floor for round
+    # (+0.11 %) hide in the spread, so test_kv_int8.py checks the step and the rounding exactly.
+    assert abs(ppl - base) / base < 0.01
