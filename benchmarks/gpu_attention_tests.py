@@ -51,6 +51,7 @@ SHAPES = (
     Shape("prefill 2k + 31 decodes", ((2048, 0),) + tuple((1, 2000 + 7 * i) for i in range(31))),
     Shape("chunk 512@1536 + 15 dec", ((512, 1536),) + tuple((1, 3000 + 11 * i) for i in range(15))),
     Shape("prefill 4x1k", tuple((1024 - 5 * i, 0) for i in range(4))),
+    Shape("decode 64x~150", tuple((1, 128 + 2 * i) for i in range(64))),  # the engine's batch-64 decode (issue 14)
 )
 
 
@@ -228,13 +229,18 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="GQA 32/8 only, fp16, half the shapes, no sweep")
     parser.add_argument("--no-sweep", action="store_true", help="skip the config sweep")
     parser.add_argument("--sweep-only", action="store_true", help="only the config sweep (a second 10-minute call)")
+    parser.add_argument("--sweep-decode64", action="store_true",
+                        help="only the sweep of batch-64 decode at ~150 tokens of context, MHA and GQA")
     args = parser.parse_args()
     gen = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
     print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
-    results = [] if args.sweep_only else [check(*run, gen) for run in runs(args.quick)]
+    results = [] if args.sweep_only or args.sweep_decode64 else [check(*run, gen) for run in runs(args.quick)]
     sweeps: list[dict] = []
-    if not (args.quick or args.no_sweep):
+    if args.sweep_decode64:
+        for model in ("llama2-7b", "gqa-32/8"):
+            sweeps += sweep(SHAPES[6], model, DECODE_CONFIGS + SPLIT_CONFIGS[1:3], gen)
+    elif not (args.quick or args.no_sweep):
         sweeps += sweep(SHAPES[0], "gqa-32/8", DECODE_CONFIGS, gen)
         sweeps += sweep(SHAPES[1], "llama2-7b", DECODE_CONFIGS[:1] + SPLIT_CONFIGS, gen)
         sweeps += sweep(SHAPES[1], "gqa-32/8", DECODE_CONFIGS[:1] + SPLIT_CONFIGS, gen)
