@@ -19,7 +19,6 @@ once per batch).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 from collections.abc import Sequence
@@ -38,7 +37,10 @@ COMPUTE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 class AttentionConfig:
     block_m: int = 64  # prefill rows per program: query tokens x the GQA group padded to a power of two
     block_n: int = 64  # keys per step, both kernels (the decode launch: unless decode_block_n is set)
-    decode_block_n: int = 0  # keys per step of the decode launch; 0: block_n
+    # keys per step of the decode launch; 0: block_n. 128 with 8 warps looked faster per call at 64 MHA sequences of
+    # ~150 tokens (0.084 vs 0.116 ms, host launch included) but took 2.41 vs 1.62 ms per engine step on the H200
+    # (benchmarks/decode_step_kernels.py): the default stays 64 with 4 warps
+    decode_block_n: int = 0
     prefill_warps: int = 4
     decode_warps: int = 4
     num_stages: int = 2
@@ -46,10 +48,6 @@ class AttentionConfig:
 
 
 DEFAULT_CONFIG = AttentionConfig()
-# Decode of MHA (one query row per KV head) over a full grid: fewer, wider key steps with 8 warps. H200, fp16,
-# Llama-2-7B heads, 64 sequences at ~150 tokens: 0.084 vs 0.116 ms per call (gpu_attention_tests --sweep-decode64);
-# GQA 32/8 gained nothing there, so it keeps the default.
-WIDE_MHA_DECODE = {"decode_block_n": 128, "decode_warps": 8}
 
 
 def default_config(head_dim: int, dtype: torch.dtype) -> AttentionConfig:
@@ -266,12 +264,7 @@ def paged_attention_triton(
         launch(meta.prefill_tiles(block_m // g_pad), out, out, g_pad, block_m, 1, cfg.prefill_warps, cfg.block_n)
     num_decode = meta.decode_tiles.shape[0]
     if num_decode:
-        programs = num_decode * kv_heads
-        if config is None and group == 1 and q.dtype != torch.float32 and d <= 128 and programs >= 2 * _sm_count(
-            q.device
-        ):
-            cfg = dataclasses.replace(cfg, **WIDE_MHA_DECODE)
-        splits = decode_splits(programs, meta.max_decode_ctx, cfg, q.device)
+        splits = decode_splits(num_decode * kv_heads, meta.max_decode_ctx, cfg, q.device)
         rows, block_n = max(16, g_pad), cfg.decode_block_n or cfg.block_n
         if splits == 1:
             launch(meta.decode_tiles, out, out, rows, rows, 1, cfg.decode_warps, block_n)
