@@ -33,7 +33,7 @@ from lmd.turbomind.gen_config import GenerationConfig  # noqa: E402
 GROUPS = (  # first match wins: (group, substrings of the kernel name, lower case)
     ("attention", ("_attention_kernel", "_combine_kernel", "flash", "sdpa", "attention")),
     ("fused layer ops", ("rms", "silu", "rotary", "rope", "norm")),
-    ("GEMM", ("gemm", "gemv", "cutlass", "sm90_xmma", "ampere", "cublas", "matmul", "splitk")),
+    ("GEMM", ("nvjet", "gemm", "gemv", "cutlass", "sm90_xmma", "ampere", "cublas", "matmul", "splitk")),
     ("sampling + logits", ("argmax", "softmax", "topk", "sort", "max", "reduce", "log_softmax", "cumsum")),
     ("copies + index", ("copy", "index", "gather", "scatter", "fill", "cat", "elementwise")),
 )
