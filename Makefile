@@ -35,13 +35,15 @@ test: venv
 test-fast: venv
 	$(PY) -m pytest -q -m "not slow" tests
 
-# Not run by CI: the newest releases pyproject's ranges admit (torch stays the local CPU wheel), to see drift early.
+# Not run by CI: the newest releases pyproject's ranges admit, to see drift early. torch stays the local CPU wheel (the
+# constraint): the newest torch in range on PyPI is a multi-GB CUDA build.
 test-latest:
 	rm -rf $(LATEST_VENV)
 	python3 -m venv $(LATEST_VENV)
 	$(LATEST_VENV)/bin/python -m pip install -q --upgrade pip
 	$(LATEST_VENV)/bin/python -m pip install -q -r requirements/torch-cpu.txt
-	$(LATEST_VENV)/bin/python -m pip install -q --upgrade --upgrade-strategy eager -e ".[dev]"
+	$(LATEST_VENV)/bin/python -m pip install -q --upgrade --upgrade-strategy eager -c requirements/torch-cpu.txt \
+		-e ".[dev]"
 	@echo "versions that differ from the lock (< lock, > latest):"
 	@diff <(grep -v '^#' $(LOCK) | tr 'A-Z_' 'a-z-' | sort) \
 		<($(LATEST_VENV)/bin/python -m pip freeze --exclude-editable | tr 'A-Z_' 'a-z-' | sort) | grep '^[<>]' || true
