@@ -142,6 +142,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-peer", action="store_true", help="lmd only")
     p.add_argument("--peer-timeout", type=int, default=300, help="seconds the LMDeploy child may take")
     p.add_argument("--tiny", action="store_true", help="tiny model on CPU, lmd only (script check)")
+    p.add_argument("--switch-interval-ms", type=float, default=None,
+                   help="an experiment: the interpreter's GIL switch interval for the lmd runs (Python's default 5)")
     p.add_argument("--lmdeploy-child", help=argparse.SUPPRESS)
     p.add_argument("--child-out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -161,6 +163,9 @@ def main() -> None:
     shape = TINY if args.tiny else LLAMA2_7B
     results: dict = {"gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu",
                      "input_len": INPUT_LEN, "output_len": OUTPUT_LEN, "iters": args.iters}
+    if args.switch_interval_ms is not None:
+        sys.setswitchinterval(args.switch_interval_ms / 1e3)
+        results["switch_interval_ms"] = args.switch_interval_ms
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as tmp:
         ws = build_workspace(Path(tmp, "ws"), shape, False, 1024, torch.device(device))
         for async_output in (False, True):
