@@ -120,6 +120,10 @@ class _Server:
                 f"most {self.engine.max_len} per request (prompt + completion)",
             )
         config = generation_config(body, room)
+        vocab = self.engine.workspace.model.vocab_size
+        outside = next((t for t, _ in config.logit_bias if t >= vocab), None)
+        if outside is not None:
+            raise bad_request("logit_bias", f"logit_bias token id {outside} is outside the vocabulary [0, {vocab})")
         request_id = new_request_id(chat)
         try:
             stream = self.engine.generate(prompt_ids, config, request_id=request_id)

@@ -52,7 +52,8 @@ class SamplingRequest(BaseModel):
     return_token_ids: bool = False  # extension: each choice also carries the generated token ids
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = None  # token id (as a string, OpenAI's JSON) -> bias in [-100, 100]
+    min_p: float = 0.0  # extension (vLLM)
     best_of: int | None = None
 
     def unsupported(self) -> tuple[str, str] | None:
@@ -61,12 +62,6 @@ class SamplingRequest(BaseModel):
             return "n", f"n={self.n} is not supported; this server returns one choice per request (send n=1)"
         if self.best_of is not None and self.best_of != 1:
             return "best_of", f"best_of={self.best_of} is not supported; leave it out or send 1"
-        for name in ("presence_penalty", "frequency_penalty"):
-            value = getattr(self, name)
-            if value:
-                return name, f"{name}={value} is not supported; use repetition_penalty (> 1 discourages repeats)"
-        if self.logit_bias:
-            return "logit_bias", "logit_bias is not supported; leave it out"
         if self.stream_options is not None and not self.stream:
             return "stream_options", "stream_options is only allowed with stream=true"
         if self.min_tokens is not None and self.min_new_tokens is not None and self.min_tokens != self.min_new_tokens:

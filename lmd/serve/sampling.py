@@ -27,6 +27,10 @@ def generation_config(request: ChatCompletionRequest | CompletionRequest, room: 
         "top_k": ("top_k", 0 if request.top_k == -1 else request.top_k),
         "top_p": ("top_p", request.top_p),
         "repetition_penalty": ("repetition_penalty", request.repetition_penalty),
+        "presence_penalty": ("presence_penalty", request.presence_penalty or 0.0),
+        "frequency_penalty": ("frequency_penalty", request.frequency_penalty or 0.0),
+        "logit_bias": ("logit_bias", _logit_bias(request)),
+        "min_p": ("min_p", request.min_p),
         "seed": ("seed", request.seed),
         "ignore_eos": ("ignore_eos", request.ignore_eos),
         "stop_token_ids": ("stop_token_ids", request.stop_token_ids or ()),
@@ -86,6 +90,18 @@ def _stop_words(request: SamplingRequest) -> tuple[str, ...]:
     if any(not w for w in words):
         raise bad_request("stop", "stop holds an empty string; every stop string needs at least one character")
     return words
+
+
+def _logit_bias(request: SamplingRequest) -> dict[int, float]:
+    """OpenAI sends token ids as JSON object keys, i.e. strings."""
+    out = {}
+    for key, bias in (request.logit_bias or {}).items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise bad_request("logit_bias", f"logit_bias key {key!r} is not a token id; use integer ids") from None
+        out[token] = bias
+    return out
 
 
 def _first(*values: int | None) -> int:

@@ -13,6 +13,8 @@ from lmd.errors import LmdError
 
 MAX_LOGPROBS = 64
 MAX_TEMPERATURE = 2.0
+MAX_PENALTY = 2.0  # OpenAI's range for presence_penalty and frequency_penalty: [-2, 2]
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range for a logit_bias value: [-100, 100]
 
 
 def _fail(field: str, value: object, valid: str) -> LmdError:
@@ -35,6 +37,10 @@ class GenerationConfig:
     top_k: int = 40  # 0 disables top-k
     top_p: float = 0.8  # 1.0 disables top-p
     repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0  # OpenAI: minus this from the logit of every token generated at least once
+    frequency_penalty: float = 0.0  # OpenAI: minus this times the number of times a token was generated
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit); a dict is accepted
+    min_p: float = 0.0  # keep tokens whose probability is at least min_p times the top one's (after temperature)
     seed: int | None = None
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
@@ -46,7 +52,22 @@ class GenerationConfig:
         # Lists are accepted for convenience; the frozen config stores tuples so it stays hashable.
         object.__setattr__(self, "stop_token_ids", self._tuple_of("stop_token_ids", self.stop_token_ids))
         object.__setattr__(self, "stop_words", self._tuple_of("stop_words", self.stop_words))
+        object.__setattr__(self, "logit_bias", self._bias_pairs(self.logit_bias))
         self._validate()
+
+    @staticmethod
+    def _bias_pairs(value: object) -> tuple[tuple[int, float], ...]:
+        if value is None:
+            return ()
+        try:
+            pairs = tuple(value.items()) if isinstance(value, dict) else tuple(tuple(p) for p in value)  # type: ignore[union-attr]
+        except TypeError:
+            raise _fail("logit_bias", value, "a mapping of token id -> bias") from None
+        if not all(len(p) == 2 and _is_int(p[0]) and p[0] >= 0 and _is_number(p[1])
+                   and -MAX_LOGIT_BIAS <= p[1] <= MAX_LOGIT_BIAS for p in pairs):
+            raise _fail("logit_bias", value, f"token ids >= 0 mapped to biases in [-{MAX_LOGIT_BIAS:g}, "
+                                             f"{MAX_LOGIT_BIAS:g}]")
+        return tuple(sorted((int(t), float(b)) for t, b in pairs))
 
     @staticmethod
     def _tuple_of(field: str, value: object) -> tuple:
@@ -72,6 +93,12 @@ class GenerationConfig:
             raise _fail("top_p", self.top_p, "a number in (0, 1] (1 = off)")
         if not _is_number(self.repetition_penalty) or self.repetition_penalty <= 0.0:
             raise _fail("repetition_penalty", self.repetition_penalty, "a number > 0 (1 = off, > 1 discourages repeats)")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_number(value) or not -MAX_PENALTY <= value <= MAX_PENALTY:
+                raise _fail(name, value, f"a number in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}] (0 = off)")
+        if not _is_number(self.min_p) or not 0.0 <= self.min_p <= 1.0:
+            raise _fail("min_p", self.min_p, "a number in [0, 1] (0 = off)")
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2**63):
             raise _fail("seed", self.seed, "None or an integer in [0, 2**63)")
         if not isinstance(self.ignore_eos, bool):

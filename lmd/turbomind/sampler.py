@@ -2,11 +2,14 @@
 
 Order of operations per row (vLLM / LMDeploy / HF order):
   1. repetition penalty over every token already in the sequence (prompt + generated), HF semantics;
-  2. while fewer than `min_new_tokens` are generated, the row's eos ids and stop token ids are masked to -inf;
-  3. greedy rows (`temperature == 0` or `top_k == 1`) take the argmax;
-  4. sampled rows: divide by temperature, keep the top-k logits (ties with the k-th kept, as HF's TopKLogitsWarper),
-     renormalise, keep the smallest prefix of the sorted distribution whose mass reaches top_p (the top token always
-     stays), and draw one token by inverse CDF with a single uniform number from the row's own generator.
+  2. presence and frequency penalties over the generated tokens (OpenAI's definitions, as vLLM applies them:
+     logit -= frequency_penalty * count + presence_penalty * (count > 0)), then logit_bias added;
+  3. while fewer than `min_new_tokens` are generated, the row's eos ids and stop token ids are masked to -inf;
+  4. greedy rows (`temperature == 0` or `top_k == 1`) take the argmax;
+  5. sampled rows: divide by temperature, keep the top-k logits (ties with the k-th kept, as HF's TopKLogitsWarper)
+     and those whose probability is at least min_p times the top one's, renormalise, keep the smallest prefix of the
+     sorted distribution whose mass reaches top_p (the top token always stays), and draw one token by inverse CDF
+     with a single uniform number from the row's own generator.
 
 Because each sampled row consumes exactly one number from its own `torch.Generator`, a seeded request yields the same
 tokens whatever else shares its batch and wherever it sits in it. Rows without a generator draw from the sampler's
@@ -73,6 +76,8 @@ class Sampler:
                                 top_logprobs=[None] * len(rows))
         processed = raw.clone()
         _apply_repetition_penalty(processed, rows)
+        _apply_presence_frequency(processed, rows)
+        _apply_logit_bias(processed, rows)
         _mask_early_stop(processed, rows)
 
         chosen = torch.empty(len(rows), dtype=torch.long, device=raw.device)
@@ -111,7 +116,11 @@ def _plain_greedy(row: SamplingRow) -> bool:
     """Greedy with nothing that changes the logits or asks for logprobs: the argmax of the raw logits."""
     config = row.config
     return (config.is_greedy and config.repetition_penalty == 1.0 and config.logprobs is None
-            and row.num_generated >= config.min_new_tokens)
+            and row.num_generated >= config.min_new_tokens and not _has_openai_penalty(config) and not config.logit_bias)
+
+
+def _has_openai_penalty(config: GenerationConfig) -> bool:
+    return config.presence_penalty != 0.0 or config.frequency_penalty != 0.0
 
 
 def _apply_repetition_penalty(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
@@ -130,6 +139,37 @@ def _apply_repetition_penalty(logits: torch.Tensor, rows: list[SamplingRow]) -> 
     seen = logits[row_index, token_index]
     # A token seen twice is written twice with the same value (computed from the original logit), never penalised twice.
     logits[row_index, token_index] = torch.where(seen > 0, seen / penalty, seen * penalty)
+
+
+def _apply_presence_frequency(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
+    """OpenAI's penalties from each row's generated tokens (the prompt does not count), one scatter for the batch."""
+    picked = [i for i, row in enumerate(rows) if _has_openai_penalty(row.config) and row.num_generated]
+    if not picked:
+        return
+    device, vocab = logits.device, logits.shape[1]
+    generated = [rows[i].token_ids[len(rows[i].token_ids) - rows[i].num_generated:] for i in picked]
+    flat = array("q", itertools.chain.from_iterable(generated))
+    token_index = torch.frombuffer(flat, dtype=torch.int64).to(device)
+    lengths = torch.tensor([len(g) for g in generated], device=device)
+    slot_index = torch.arange(len(picked), device=device).repeat_interleave(lengths)
+    counts = torch.zeros(len(picked), vocab, device=device)
+    counts.index_put_((slot_index, token_index), torch.ones_like(token_index, dtype=counts.dtype), accumulate=True)
+    frequency = torch.tensor([rows[i].config.frequency_penalty for i in picked], device=device).unsqueeze(1)
+    presence = torch.tensor([rows[i].config.presence_penalty for i in picked], device=device).unsqueeze(1)
+    index = torch.tensor(picked, device=device)
+    logits[index] -= frequency * counts + presence * (counts > 0).float()
+
+
+def _apply_logit_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
+    """Each row's logit_bias added to its logits (token ids were checked against the vocabulary at admission)."""
+    pairs = [(i, token, bias) for i, row in enumerate(rows) for token, bias in row.config.logit_bias]
+    if not pairs:
+        return
+    device = logits.device
+    row_index = torch.tensor([p[0] for p in pairs], device=device)
+    token_index = torch.tensor([p[1] for p in pairs], device=device)
+    bias = torch.tensor([p[2] for p in pairs], device=device, dtype=logits.dtype)
+    logits.index_put_((row_index, token_index), bias, accumulate=True)
 
 
 def _mask_early_stop(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
@@ -167,7 +207,10 @@ def _filtered_sorted_probs(logits: torch.Tensor, configs: list[GenerationConfig]
 
     sorted_logits, sorted_ids = (logits / temperature).sort(dim=-1, descending=True)
     kth = sorted_logits.gather(1, (top_k - 1).unsqueeze(1))
-    sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
+    # min_p: p_i >= min_p * p_max  <=>  logit_i >= logit_max + log(min_p) (off at 0: log 0 = -inf keeps every token)
+    min_p = torch.tensor([c.min_p for c in configs], device=device, dtype=sorted_logits.dtype).unsqueeze(1)
+    floor = torch.maximum(kth, sorted_logits[:, :1] + min_p.log())
+    sorted_logits = sorted_logits.masked_fill(sorted_logits < floor, float("-inf"))
     probs = sorted_logits.softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs
     drop = mass_before >= top_p

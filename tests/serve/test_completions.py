@@ -81,3 +81,17 @@ def test_completion_errors_name_the_field(client):
     assert bad["param"] == "prompt" and "10000000" in bad["message"]
     assert error(prompt="x", logprobs=999)["param"] == "logprobs"
     assert error(prompt=list(range(1, 300)))["param"] == "prompt"  # longer than the engine holds
+
+
+def test_openai_penalties_and_logit_bias_reach_the_sampler(client, engine):
+    ids = [5, 900, 31, 7, 4000, 12]
+    plain = _post(client, prompt=ids)["choices"][0]["token_ids"]
+    forced = _post(client, prompt=ids, logit_bias={"777": 100})["choices"][0]["token_ids"]
+    assert forced == [777] * 10
+    # penalties and bias through the API give what the engine gives for the same GenerationConfig
+    fresh = _post(client, prompt=ids, logit_bias={"777": 5}, frequency_penalty=2.0, presence_penalty=2.0)
+    penalised = fresh["choices"][0]["token_ids"]
+    ref = engine.generate(ids, GenerationConfig(max_new_tokens=10, temperature=0, ignore_eos=True,
+                                                logit_bias={777: 5}, frequency_penalty=2.0,
+                                                presence_penalty=2.0)).result()
+    assert penalised == ref.token_ids and penalised != plain

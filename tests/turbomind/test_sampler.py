@@ -298,3 +298,58 @@ def test_plain_greedy_batch_takes_the_raw_argmax_like_the_general_path() -> None
     eos_first[0, EOS] = 100.0
     early = make_row(GenerationConfig(temperature=0.0, min_new_tokens=5), (5,), 1)
     assert Sampler(seed=0).sample(eos_first[:1], [early]).token_ids[0] != EOS
+
+
+def test_presence_and_frequency_penalties_follow_openai_over_generated_tokens():
+    from lmd.turbomind.sampler import _apply_presence_frequency
+
+    logits = random_logits(3)
+    config = GenerationConfig(presence_penalty=0.5, frequency_penalty=0.25)
+    rows = [make_row(config, token_ids=(5, 6, 3, 3, 7), num_generated=3),  # generated: 3, 3, 7
+            make_row(config, token_ids=(5, 6, 3), num_generated=0),  # the prompt does not count
+            make_row(GenerationConfig(), token_ids=(3, 3), num_generated=2)]  # no penalty asked
+    out = logits.clone()
+    _apply_presence_frequency(out, rows)
+    expected = logits.clone()
+    for token, count in ((3, 2), (7, 1)):
+        expected[0, token] -= 0.25 * count + 0.5
+    assert torch.equal(out, expected)
+    negative = GenerationConfig(presence_penalty=-1.0, frequency_penalty=-2.0)  # negative values encourage repeats
+    out = logits[:1].clone()
+    _apply_presence_frequency(out, [make_row(negative, token_ids=(9, 9), num_generated=2)])
+    assert torch.isclose(out[0, 9], logits[0, 9] + 1.0 + 4.0)
+
+
+def test_logit_bias_moves_the_choice_and_logprobs_stay_raw():
+    logits = random_logits(2)
+    best = int(logits[0].argmax())
+    second = int(logits[0].topk(2).indices[1])
+    rows = [make_row(GenerationConfig(temperature=0, logit_bias={best: -100.0}, logprobs=0)),
+            make_row(GenerationConfig(temperature=0, logit_bias={11: 100.0}))]
+    out = Sampler(seed=0).sample(logits.clone(), rows)
+    assert out.token_ids == [second, 11]
+    assert out.logprobs[0] == pytest.approx(float(logits[0].log_softmax(-1)[second]), abs=1e-6)
+
+
+def test_min_p_keeps_what_transformers_min_p_keeps():
+    from transformers.generation.logits_process import MinPLogitsWarper
+
+    for seed in range(5):
+        logits = random_logits(1, seed=seed)[0]
+        config = GenerationConfig(temperature=0.7, top_k=0, top_p=1.0, min_p=0.2)
+        probs, ids = _filtered_sorted_probs(logits.unsqueeze(0), [config])
+        ours = set(ids[0][probs[0] > 0].tolist())
+        scores = MinPLogitsWarper(0.2)(None, TemperatureLogitsWarper(0.7)(None, logits.unsqueeze(0).clone()))
+        assert ours == set(torch.isfinite(scores[0]).nonzero().flatten().tolist())
+        assert 1 <= len(ours) < VOCAB
+        drawn = set(draw(logits, config, 400, seed=seed).tolist())
+        assert drawn <= ours
+
+
+def test_openai_sampling_fields_are_validated():
+    config = GenerationConfig(logit_bias={7: 1.5, 3: -2})
+    assert config.logit_bias == ((3, -2.0), (7, 1.5)) and hash(config)
+    for bad in (dict(presence_penalty=2.5), dict(frequency_penalty=-2.01), dict(min_p=1.5),
+                dict(logit_bias={-1: 1.0}), dict(logit_bias={3: 101}), dict(logit_bias=5)):
+        with pytest.raises(LmdError, match=f"GenerationConfig.{next(iter(bad))}="):
+            GenerationConfig(**bad)
