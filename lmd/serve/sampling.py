@@ -19,6 +19,9 @@ def generation_config(request: ChatCompletionRequest | CompletionRequest, room: 
     if found is not None:
         raise bad_request(*found)
     limit_field, limit = request.token_limit
+    if limit is not None and limit > room > 0:  # OpenAI and vLLM refuse this rather than clamp it
+        raise bad_request(limit_field, f"{limit_field}={limit} is more than the {room} tokens this request has room "
+                                       f"for after its prompt (max_model_len minus the prompt); send at most {room}")
     min_field = "min_tokens" if request.min_tokens is not None else "min_new_tokens"
     values: dict[str, tuple[str, Any]] = {  # GenerationConfig field -> (request field, value)
         "max_new_tokens": (limit_field, room if limit is None else limit),

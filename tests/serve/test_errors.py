@@ -59,6 +59,8 @@ def test_models_and_unknown_model(client, engine):
         ({"top_p": 0}, "top_p", "top_p=0"),
         ({"top_k": -5}, "top_k", "top_k=-5"),
         ({"max_tokens": 0}, "max_tokens", "max_tokens=0"),
+        ({"max_tokens": 10**6}, "max_tokens", "room for after its prompt"),
+        ({"max_tokens": None, "max_completion_tokens": 10**6}, "max_completion_tokens", "room"),
         ({"max_tokens": None, "max_completion_tokens": -1}, "max_completion_tokens", "max_completion_tokens=-1"),
         ({"max_completion_tokens": 5}, "max_tokens", "disagree"),
         ({"max_tokens": 4, "min_tokens": 9}, "min_tokens", "min_tokens=9"),
