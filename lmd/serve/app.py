@@ -19,7 +19,13 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from lmd.errors import LmdError
 from lmd.serve.errors import ApiError, bad_request, install_error_handlers
 from lmd.serve.metrics import CHAT, COMPLETIONS, CONTENT_TYPE, RequestCounts, render_metrics
-from lmd.serve.protocol import ChatCompletionRequest, CompletionRequest
+from lmd.serve.protocol import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
 from lmd.serve.responses import ResponseBuilder, new_request_id
 from lmd.serve.sampling import chat_messages, generation_config
 from lmd.serve.streaming import AbortingEventStream, sse_event, unless_disconnected
@@ -85,7 +91,10 @@ class _Server:
     # ---- generation ----
 
     def encode_chat(self, body: ChatCompletionRequest) -> list[int]:
-        messages = chat_messages(body.messages)
+        return self.encode_messages(body.messages)
+
+    def encode_messages(self, raw: list[ChatMessage]) -> list[int]:
+        messages = chat_messages(raw)
         try:
             return self.engine.encode(messages)
         except LmdError as exc:
@@ -94,6 +103,22 @@ class _Server:
             if not any(cls.__name__ == "TemplateError" for cls in type(exc).__mro__):
                 raise
             raise bad_request("messages", f"the chat template refused these messages: {exc}") from None
+
+    def tokenize(self, body: TokenizeRequest) -> dict[str, Any]:
+        if (body.prompt is None) == (body.messages is None):
+            raise bad_request("prompt", "send exactly one of prompt (text) and messages (a conversation)")
+        if body.messages is not None:
+            ids = self.encode_messages(body.messages)
+        else:
+            ids = list(self.engine.tokenizer(body.prompt, add_special_tokens=body.add_special_tokens)["input_ids"])
+        return {"count": len(ids), "max_model_len": self.engine.max_len, "tokens": ids}
+
+    def detokenize(self, body: DetokenizeRequest) -> dict[str, str]:
+        vocab = self.engine.workspace.model.vocab_size
+        bad = next((t for t in body.tokens if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise bad_request("tokens", f"token id {bad} is outside the vocabulary [0, {vocab})")
+        return {"prompt": self.engine.tokenizer.decode(body.tokens)}
 
     def encode_completion(self, body: CompletionRequest) -> list[int]:
         prompt = body.single_prompt
@@ -226,5 +251,15 @@ def create_app(engine: Engine, model_name: str, api_keys: Sequence[str] = ()) ->
     async def completions(body: CompletionRequest, request: Request) -> Response:
         server.check_model(body.model)
         return await server.generate(request, body, server.encode_completion(body), COMPLETIONS)
+
+    @app.post("/tokenize", dependencies=authorized)
+    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
+        server.check_model(body.model)
+        return server.tokenize(body)
+
+    @app.post("/detokenize", dependencies=authorized)
+    async def detokenize(body: DetokenizeRequest) -> dict[str, str]:
+        server.check_model(body.model)
+        return server.detokenize(body)
 
     return app

@@ -142,3 +142,21 @@ class CompletionRequest(SamplingRequest):
     @property
     def logprobs_count(self) -> int | None:
         return self.logprobs
+
+
+class TokenizeRequest(BaseModel):
+    """vLLM's /tokenize: a completion prompt or chat messages (exactly one)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True  # prompt form: the tokenizer's BOS etc., as /v1/completions encodes it
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    tokens: list[int]
