@@ -36,11 +36,7 @@ COMPUTE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 @dataclass(frozen=True)
 class AttentionConfig:
     block_m: int = 64  # prefill rows per program: query tokens x the GQA group padded to a power of two
-    block_n: int = 64  # keys per step, both kernels (the decode launch: unless decode_block_n is set)
-    # keys per step of the decode launch; 0: block_n. 128 with 8 warps looked faster per call at 64 MHA sequences of
-    # ~150 tokens (0.084 vs 0.116 ms, host launch included) but took 2.41 vs 1.62 ms per engine step on the H200
-    # (benchmarks/decode_step_kernels.py): the default stays 64 with 4 warps
-    decode_block_n: int = 0
+    block_n: int = 64  # keys per step, both kernels
     prefill_warps: int = 4
     decode_warps: int = 4
     num_stages: int = 2
@@ -136,7 +132,7 @@ def decode_splits(programs: int, max_ctx: int, cfg: AttentionConfig, device: tor
     """Split the context until about two programs run per SM, keeping at least 4 key steps per split."""
     if cfg.num_splits:
         return cfg.num_splits
-    steps = triton.cdiv(max_ctx, cfg.decode_block_n or cfg.block_n)
+    steps = triton.cdiv(max_ctx, cfg.block_n)
     splits = 1
     while programs * splits < 2 * _sm_count(device) and steps >= 8 * splits and splits < 64:
         splits *= 2
@@ -221,14 +217,7 @@ def paged_attention_triton(
     dot_precision = "ieee" if q.dtype == torch.float32 else "tf32"
 
     def launch(
-        tiles: torch.Tensor,
-        part: torch.Tensor,
-        part_ml: torch.Tensor,
-        g_rows: int,
-        block_m: int,
-        splits: int,
-        warps: int,
-        block_n: int,
+        tiles: torch.Tensor, part: torch.Tensor, part_ml: torch.Tensor, g_rows: int, block_m: int, splits: int, warps: int
     ) -> None:
         _attention_kernel[(tiles.shape[0], kv_heads, splits)](
             q,
@@ -249,7 +238,7 @@ def paged_attention_triton(
             GROUP=group,
             G_ROWS=g_rows,
             BLOCK_M=block_m,
-            BLOCK_N=block_n,
+            BLOCK_N=cfg.block_n,
             HEAD_DIM=d,
             BLOCK_SIZE=k.shape[1],
             KV_MODE=kv_mode,
@@ -261,17 +250,17 @@ def paged_attention_triton(
 
     if meta.prefill:
         block_m = max(cfg.block_m, g_pad, 16)
-        launch(meta.prefill_tiles(block_m // g_pad), out, out, g_pad, block_m, 1, cfg.prefill_warps, cfg.block_n)
+        launch(meta.prefill_tiles(block_m // g_pad), out, out, g_pad, block_m, 1, cfg.prefill_warps)
     num_decode = meta.decode_tiles.shape[0]
     if num_decode:
         splits = decode_splits(num_decode * kv_heads, meta.max_decode_ctx, cfg, q.device)
-        rows, block_n = max(16, g_pad), cfg.decode_block_n or cfg.block_n
+        rows = max(16, g_pad)
         if splits == 1:
-            launch(meta.decode_tiles, out, out, rows, rows, 1, cfg.decode_warps, block_n)
+            launch(meta.decode_tiles, out, out, rows, rows, 1, cfg.decode_warps)
             return out
         part = torch.empty((num_decode, num_heads, splits, d), dtype=torch.float32, device=q.device)
         part_ml = torch.empty((num_decode, num_heads, splits, 2), dtype=torch.float32, device=q.device)
-        launch(meta.decode_tiles, part, part_ml, rows, rows, splits, cfg.decode_warps, block_n)
+        launch(meta.decode_tiles, part, part_ml, rows, rows, splits, cfg.decode_warps)
         _combine_kernel[(num_decode, num_heads)](
             part,
             part_ml,

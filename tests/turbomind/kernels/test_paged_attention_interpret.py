@@ -35,7 +35,6 @@ class Case:
     splits: int = 0  # decode split-K (0: the wrapper's choice)
     block_m: int = 16
     block_n: int = 16
-    decode_block_n: int = 0  # the decode launch's key step (0: block_n), as the wide MHA decode config sets it
 
 
 DECODES = ((1, 0), (1, 16), (1, 49), (1, 99))
@@ -52,7 +51,6 @@ CASES = (
     Case("int8-static-channel-fp16", MIXED, "fp16", kv="static-channel", head_dim=128, block_size=32),
     Case("int8-online", MIXED, kv="online", block_size=64, splits=4),
     Case("int8-online-fp16-gqa4", MIXED, "fp16", kv="online", q_heads=8),
-    Case("mixed-fp16-mha-decode-bn32", MIXED, "fp16", q_heads=2, decode_block_n=32),
 )
 DISPATCHED = "dispatch-default-config-fp16"  # paged_attention() with LMD_ATTENTION=triton, default block shapes
 
@@ -104,8 +102,7 @@ def run_case(case: Case) -> float:
     cache, batch, q = _fill_cache(case, torch.Generator().manual_seed(zlib.crc32(case.name.encode())), dtype)
     scale = case.head_dim**-0.5
     ref = paged_attention_reference(q, cache, 0, batch, scale, fused=False).float()
-    cfg = AttentionConfig(block_m=case.block_m, block_n=case.block_n, num_splits=case.splits,
-                          decode_block_n=case.decode_block_n)
+    cfg = AttentionConfig(block_m=case.block_m, block_n=case.block_n, num_splits=case.splits)
     out = paged_attention_triton_on_cache(q, cache, 0, batch, scale, cfg)
     assert out.shape == q.shape and out.dtype == q.dtype and torch.isfinite(ref).all()
     return (out.float() - ref).abs().max().item()
