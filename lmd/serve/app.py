@@ -114,20 +114,20 @@ class _Server:
         return {"count": len(ids), "max_model_len": self.engine.max_len, "tokens": ids}
 
     def detokenize(self, body: DetokenizeRequest) -> dict[str, str]:
-        vocab = self.engine.workspace.model.vocab_size
-        bad = next((t for t in body.tokens if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise bad_request("tokens", f"token id {bad} is outside the vocabulary [0, {vocab})")
+        self.check_token_ids(body.tokens, "tokens")
         return {"prompt": self.engine.tokenizer.decode(body.tokens)}
+
+    def check_token_ids(self, ids: list[int], field: str) -> None:
+        vocab = self.engine.workspace.model.vocab_size
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise bad_request(field, f"{field} token id {bad} is outside the vocabulary [0, {vocab})")
 
     def encode_completion(self, body: CompletionRequest) -> list[int]:
         prompt = body.single_prompt
         if isinstance(prompt, str):
             return self.engine.encode(prompt, apply_chat_template=False)
-        vocab = self.engine.workspace.model.vocab_size
-        bad = next((t for t in prompt if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise bad_request("prompt", f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
+        self.check_token_ids(prompt, "prompt")
         return list(prompt)
 
     async def generate(
@@ -144,11 +144,7 @@ class _Server:
                 f"{prompt_field} has {len(prompt_ids)} tokens; this server holds at "
                 f"most {self.engine.max_len} per request (prompt + completion)",
             )
-        config = generation_config(body, room)
-        vocab = self.engine.workspace.model.vocab_size
-        outside = next((t for t, _ in config.logit_bias if t >= vocab), None)
-        if outside is not None:
-            raise bad_request("logit_bias", f"logit_bias token id {outside} is outside the vocabulary [0, {vocab})")
+        config = generation_config(body, room, self.engine.workspace.model.vocab_size)
         request_id = new_request_id(chat)
         try:
             stream = self.engine.generate(prompt_ids, config, request_id=request_id)

@@ -13,7 +13,7 @@ from lmd.turbomind.gen_config import GenerationConfig
 _CONFIG_FIELD = re.compile(r"GenerationConfig\.(\w+)=")
 
 
-def generation_config(request: ChatCompletionRequest | CompletionRequest, room: int) -> GenerationConfig:
+def generation_config(request: ChatCompletionRequest | CompletionRequest, room: int, vocab_size: int) -> GenerationConfig:
     """`room`: tokens the engine can still generate after this prompt (the default max_tokens)."""
     found = request.unsupported()
     if found is not None:
@@ -45,7 +45,9 @@ def generation_config(request: ChatCompletionRequest | CompletionRequest, room: 
         "skip_special_tokens": ("skip_special_tokens", request.skip_special_tokens),
     }
     try:
-        return GenerationConfig(**{name: value for name, (_, value) in values.items()})
+        config = GenerationConfig(**{name: value for name, (_, value) in values.items()})
+        config.check_vocab(vocab_size)
+        return config
     except LmdError as exc:
         raise _renamed(str(exc), {name: field for name, (field, _) in values.items()}) from None
 

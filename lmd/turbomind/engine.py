@@ -79,10 +79,7 @@ class Engine:
                  apply_chat_template: bool = True) -> RequestStream:
         """Queue a request; iterate the returned stream (`for` or `async for`) for its deltas."""
         config = gen_config or GenerationConfig()
-        vocab = self.workspace.model.vocab_size
-        outside = [t for t, _ in config.logit_bias if t >= vocab]
-        if outside:
-            raise LmdError(f"logit_bias token id {outside[0]} is outside the vocabulary (ids 0..{vocab - 1})")
+        config.check_vocab(self.workspace.model.vocab_size)
         token_ids = self.encode(prompt, apply_chat_template)
         if not token_ids:
             raise LmdError("the prompt is empty; give text, messages or at least one token id")

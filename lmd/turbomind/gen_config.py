@@ -112,6 +112,13 @@ class GenerationConfig:
         if not isinstance(self.skip_special_tokens, bool):
             raise _fail("skip_special_tokens", self.skip_special_tokens, "True or False")
 
+    def check_vocab(self, vocab_size: int) -> None:
+        """Token ids this config names must exist in the model's vocabulary (checked at admission)."""
+        outside = next((t for t, _ in self.logit_bias if t >= vocab_size), None)
+        if outside is not None:
+            raise _fail("logit_bias", dict(self.logit_bias),
+                        f"token ids in [0, {vocab_size}) (id {outside} is outside the vocabulary)")
+
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0 or self.top_k == 1

@@ -23,10 +23,6 @@ class RequestState:
     def sampling_row(self) -> SamplingRow:
         return SamplingRow(self.config, self.seq.token_ids, self.seq.num_generated, self.generator, self.eos_ids)
 
-    def advance(self, token: int, logprob: float | None, top: list[tuple[int, float]] | None) -> Delta:
-        """Append the sampled token and make its delta; a delta with a finish_reason ends the request."""
-        return self.delta(token, logprob, top, self.accept(token))
-
     def accept(self, token: int) -> str | None:
         """Append the sampled token; the finish decided by ids alone (stop or eos token, length), else None. The
         scheduler needs this before the next step; the text (`delta`) may come later."""

@@ -57,8 +57,9 @@ class Workspace:
         else:
             ranks = []
             for r in range(deployed):
-                ranks.append(load_file(str(self._rank_file(r)), device="cpu" if tp > 1 else device))
-                check_weights(self.model, ranks[-1], str(self._rank_file(r)))
+                path = self._rank_file(r)
+                ranks.append(load_file(str(path), device="cpu" if tp > 1 else device))
+                check_weights(self.model, ranks[-1], str(path))
             whole = merge_ranks(ranks, self.model.rank_shape)
             del ranks
             weights = {name: t.contiguous().to(device) for name, t in
