@@ -41,7 +41,6 @@ test-latest:
 	rm -rf $(LATEST_VENV)
 	python3 -m venv $(LATEST_VENV)
 	$(LATEST_VENV)/bin/python -m pip install -q --upgrade pip
-	$(LATEST_VENV)/bin/python -m pip install -q -r requirements/torch-cpu.txt
 	$(LATEST_VENV)/bin/python -m pip install -q --upgrade --upgrade-strategy eager -c requirements/torch-cpu.txt \
 		-e ".[dev]"
 	@echo "versions that differ from the lock (< lock, > latest):"
