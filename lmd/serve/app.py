@@ -6,11 +6,11 @@ The app never owns the engine: whoever built it starts and closes it (`lmd serve
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from lmd.errors import LmdError
 from lmd.serve.errors import ApiError, bad_request, install_error_handlers
+from lmd.serve.generation import collect, engine_request_ids, merged, submit, summed_usage
 from lmd.serve.metrics import CHAT, COMPLETIONS, CONTENT_TYPE, RequestCounts, render_metrics
 from lmd.serve.protocol import (
     ChatCompletionRequest,
@@ -30,17 +31,10 @@ from lmd.serve.responses import ResponseBuilder, new_request_id
 from lmd.serve.sampling import chat_messages, generation_config
 from lmd.serve.streaming import AbortingEventStream, sse_event, unless_disconnected
 from lmd.turbomind.engine import Engine
-from lmd.turbomind.request_stream import RequestStream
-from lmd.turbomind.request_stream import Response as EngineResponse
+from lmd.turbomind.gen_config import GenerationConfig
+from lmd.turbomind.request_stream import RequestStream, Usage
 
 _log = logging.getLogger("lmd.serve")
-
-
-@dataclass
-class _Outcome:
-    """How a streamed request ended, for the counters (None until its last delta: client gone or server stopped)."""
-
-    reason: str | None = None
 
 
 class _Server:
@@ -123,81 +117,99 @@ class _Server:
         if bad is not None:
             raise bad_request(field, f"{field} token id {bad} is outside the vocabulary [0, {vocab})")
 
-    def encode_completion(self, body: CompletionRequest) -> list[int]:
-        prompt = body.single_prompt
-        if isinstance(prompt, str):
-            return self.engine.encode(prompt, apply_chat_template=False)
-        self.check_token_ids(prompt, "prompt")
-        return list(prompt)
+    def encode_completion(self, body: CompletionRequest) -> list[list[int]]:
+        prompts = body.prompts
+        out = []
+        for i, prompt in enumerate(prompts):
+            if isinstance(prompt, str):
+                out.append(self.engine.encode(prompt, apply_chat_template=False))
+            else:
+                self.check_token_ids(prompt, _prompt_field(i, len(prompts)))
+                out.append(list(prompt))
+        return out
 
-    async def generate(
-        self, request: Request, body: ChatCompletionRequest | CompletionRequest, prompt_ids: list[int], endpoint: str
-    ) -> Response:
+    def configs(self, body: ChatCompletionRequest | CompletionRequest, prompts: list[list[int]],
+                field: str) -> list[GenerationConfig]:
+        """Every prompt is checked (and its config made) before any is submitted."""
+        configs = []
+        for i, prompt_ids in enumerate(prompts):
+            name = _prompt_field(i, len(prompts), field)
+            if not prompt_ids:
+                raise bad_request(name, f"{name} is empty; send some text or token ids")
+            room = self.engine.max_len - len(prompt_ids)
+            if room < 1:
+                raise bad_request(name, f"{name} has {len(prompt_ids)} tokens; this server holds at most "
+                                        f"{self.engine.max_len} per request (prompt + completion)")
+            configs.append(generation_config(body, room, self.engine.workspace.model.vocab_size))
+        return configs
+
+    async def generate(self, request: Request, body: ChatCompletionRequest | CompletionRequest,
+                       prompts: list[list[int]], endpoint: str) -> Response:
         chat = endpoint == CHAT
-        prompt_field = "messages" if chat else "prompt"
-        if not prompt_ids:
-            raise bad_request(prompt_field, f"{prompt_field} is empty; send some text or token ids")
-        room = self.engine.max_len - len(prompt_ids)
-        if room < 1:
-            raise bad_request(
-                prompt_field,
-                f"{prompt_field} has {len(prompt_ids)} tokens; this server holds at "
-                f"most {self.engine.max_len} per request (prompt + completion)",
-            )
-        config = generation_config(body, room, self.engine.workspace.model.vocab_size)
-        request_id = new_request_id(chat)
+        configs = self.configs(body, prompts, "messages" if chat else "prompt")
+        response_id = new_request_id(chat)
+        ids = engine_request_ids(response_id, len(prompts))
         try:
-            stream = self.engine.generate(prompt_ids, config, request_id=request_id)
+            streams = submit(self.engine, prompts, configs, ids)
         except LmdError as exc:
-            raise ApiError(503 if "closed" in str(exc) else 400, str(exc), prompt_field) from None
-        self.in_flight.add(request_id)
+            raise ApiError(503 if "closed" in str(exc) else 400, str(exc), "messages" if chat else "prompt") from None
+        self.in_flight.update(ids)
         builder = ResponseBuilder(
-            request_id,
+            response_id,
             self.model_name,
             chat,
             self.engine.tokenizer,
-            logprobs=config.logprobs is not None,
+            logprobs=configs[0].logprobs is not None,
             token_ids=body.return_token_ids,
         )
+
+        def abort_all() -> None:
+            for request_id in ids:
+                self.engine.abort(request_id)  # a no-op when the request already finished
+
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
-            outcome = _Outcome()
+            reasons: dict[int, str] = {}
 
             def on_close() -> None:
-                self.engine.abort(request_id)  # a no-op when the request already finished
-                self.in_flight.discard(request_id)
-                self.counts.finish(endpoint, outcome.reason)
+                abort_all()
+                self.in_flight.difference_update(ids)
+                for i in range(len(ids)):
+                    self.counts.finish(endpoint, reasons.get(i))
 
-            return AbortingEventStream(self.events(stream, builder, include_usage, outcome), on_close)
+            return AbortingEventStream(self.events(streams, builder, include_usage, reasons), on_close)
+        gathered = asyncio.gather(*(collect(s) for s in streams))
         try:
-            result = await unless_disconnected(request, _collect(stream), lambda: self.engine.abort(request_id))
+            results = await unless_disconnected(request, gathered, abort_all)
         finally:
-            self.in_flight.discard(request_id)
-        self.counts.finish(endpoint, None if result is None else result.finish_reason)
-        if result is None:
+            self.in_flight.difference_update(ids)
+        for i in range(len(ids)):
+            self.counts.finish(endpoint, None if results is None else results[i].finish_reason)
+        if results is None:
             return Response(status_code=499)  # nobody is listening any more
-        if result.finish_reason == "error":
+        if any(r.finish_reason == "error" for r in results):
             raise self.engine_failure()
-        return JSONResponse(builder.full(result))
+        return JSONResponse(builder.full(results))
 
-    async def events(
-        self, stream: RequestStream, builder: ResponseBuilder, include_usage: bool, outcome: _Outcome
-    ) -> AsyncIterator[str]:
+    async def events(self, streams: list[RequestStream], builder: ResponseBuilder, include_usage: bool,
+                     reasons: dict[int, str]) -> AsyncIterator[str]:
+        """`reasons`: how each prompt's generation ended (absent until its last delta: client gone, server
+        stopped), for the counters."""
         if builder.chat:
-            yield sse_event(builder.role_chunk(include_usage))
-        usage = None
-        async for delta in stream:
+            for chunk in builder.role_chunks(len(streams), include_usage):
+                yield sse_event(chunk)
+        usages: list[Usage | None] = [None] * len(streams)
+        async for index, delta in merged(streams):
             if delta.finish_reason == "error":
-                outcome.reason = "error"
+                reasons[index] = "error"
                 yield sse_event(self.engine_failure().body())
                 break
-            chunk = builder.chunk(delta, include_usage)
-            if chunk is not None:
+            for chunk in builder.chunks(index, delta, include_usage):
                 yield sse_event(chunk)
             if delta.finish_reason is not None:
-                outcome.reason, usage = delta.finish_reason, delta.usage
-        if include_usage and outcome.reason != "error":
-            yield sse_event(builder.usage_chunk(usage))
+                reasons[index], usages[index] = delta.finish_reason, delta.usage
+        if include_usage and "error" not in reasons.values():
+            yield sse_event(builder.usage_chunk(summed_usage(usages)))
         yield sse_event("[DONE]")
 
     def engine_failure(self) -> ApiError:
@@ -206,11 +218,9 @@ class _Server:
         return ApiError(500, f"the engine failed while generating: {error!r}; retry the request")
 
 
-async def _collect(stream: RequestStream) -> EngineResponse:
-    response = EngineResponse(stream.request_id)
-    async for delta in stream:
-        response.add(delta)
-    return response
+def _prompt_field(index: int, count: int, field: str = "prompt") -> str:
+    """How errors name one prompt: `prompt` alone, `prompt.2` in a batch."""
+    return field if count == 1 else f"{field}.{index}"
 
 
 def create_app(engine: Engine, model_name: str, api_keys: Sequence[str] = ()) -> FastAPI:
@@ -241,7 +251,7 @@ def create_app(engine: Engine, model_name: str, api_keys: Sequence[str] = ()) ->
     @app.post(CHAT, dependencies=authorized)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         server.check_model(body.model)
-        return await server.generate(request, body, server.encode_chat(body), CHAT)
+        return await server.generate(request, body, [server.encode_chat(body)], CHAT)
 
     @app.post(COMPLETIONS, dependencies=authorized)
     async def completions(body: CompletionRequest, request: Request) -> Response:

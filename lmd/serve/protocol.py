@@ -123,17 +123,18 @@ class CompletionRequest(SamplingRequest):
             return "echo", "echo=true is not supported; send echo=false"
         if self.suffix:
             return "suffix", "suffix (insertion) is not supported; leave it out"
-        if isinstance(self.prompt, list) and len(self.prompt) > 1 and not isinstance(self.prompt[0], int):
-            return "prompt", "a batch of prompts is not supported; send one prompt per request"
         return None
 
     @property
-    def single_prompt(self) -> str | list[int]:
-        """The one prompt: a string or token ids (a one-element batch is unwrapped)."""
+    def prompts(self) -> list[str | list[int]]:
+        """OpenAI's four prompt forms as a list of prompts: a string, token ids, a list of strings, a list of token-id
+        lists (an empty list is one empty prompt, refused as such)."""
         prompt = self.prompt
-        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
-            return prompt[0]  # type: ignore[return-value]
-        return prompt  # type: ignore[return-value]
+        if isinstance(prompt, str):
+            return [prompt]
+        if not prompt or isinstance(prompt[0], int):
+            return [prompt]  # type: ignore[list-item]
+        return list(prompt)  # type: ignore[arg-type]
 
     @property
     def token_limit(self) -> tuple[str, int | None]:

@@ -1,16 +1,31 @@
-"""Response bodies and stream chunks of /v1/chat/completions and /v1/completions, built from the engine's deltas."""
+"""Response bodies and stream chunks of /v1/chat/completions and /v1/completions, built from the engine's deltas.
+
+A response has one choice per prompt (per sample, once n > 1 exists); `choice_index` is the one place that says how
+they are numbered. Chat replies may go through a tool-call parser (one per choice), which turns the text into content
+and `tool_calls`.
+"""
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from lmd.serve.generation import summed_usage
+from lmd.serve.tool_parsers import Piece, ToolCall, ToolCallParser
 from lmd.turbomind.request_stream import Delta, Response, Usage
+
+ParserFactory = Callable[[], ToolCallParser]
 
 
 def new_request_id(chat: bool) -> str:
     return f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+
+
+def choice_index(prompt_index: int, sample_index: int = 0, n: int = 1) -> int:
+    """OpenAI's numbering of the choices of a batched request: the samples of each prompt, prompt after prompt."""
+    return prompt_index * n + sample_index
 
 
 def usage_body(usage: Usage | None) -> dict[str, Any] | None:
@@ -24,61 +39,97 @@ def usage_body(usage: Usage | None) -> dict[str, Any] | None:
     }
 
 
-class ResponseBuilder:
-    """One request's response: a whole body (`full`) or its stream chunks (`chunk`, `usage_chunk`)."""
+def _finish_reason(reason: str | None, called: bool) -> str | None:
+    return "tool_calls" if called and reason == "stop" else reason
 
-    def __init__(self, request_id: str, model: str, chat: bool, tokenizer: Any, logprobs: bool, token_ids: bool) -> None:
+
+class _Choice:
+    """Per-choice state that runs across a stream's chunks."""
+
+    def __init__(self, parser: ToolCallParser | None) -> None:
+        self.parser = parser
+        self.text_offset = 0  # completions' logprobs.text_offset
+
+
+class ResponseBuilder:
+    """One request's response: a whole body (`full`) or its stream chunks (`chunks`, `usage_chunk`)."""
+
+    def __init__(self, request_id: str, model: str, chat: bool, tokenizer: Any, logprobs: bool, token_ids: bool,
+                 tool_parser: ParserFactory | None = None) -> None:
         self.request_id, self.model, self.chat = request_id, model, chat
         self.created = int(time.time())
         self._tokenizer = tokenizer
         self._logprobs, self._token_ids = logprobs, token_ids
-        self._text_offset = 0  # completions' logprobs.text_offset runs across chunks
+        self._new_parser = tool_parser
+        self._choices: dict[int, _Choice] = {}
 
     # ---- whole response ----
 
-    def full(self, response: Response) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "finish_reason": response.finish_reason}
-        logprobs = self._logprobs_body(response.token_ids, response.logprobs, response.top_logprobs)
-        if self.chat:
-            choice["message"] = {"role": "assistant", "content": response.text}
-        else:
-            choice["text"] = response.text
-        choice["logprobs"] = logprobs
-        if self._token_ids:
-            choice["token_ids"] = list(response.token_ids)
-        body = self._envelope("chat.completion" if self.chat else "text_completion", [choice])
-        body["usage"] = usage_body(response.usage)
+    def full(self, responses: Sequence[Response]) -> dict[str, Any]:
+        choices = []
+        for prompt_index, response in enumerate(responses):
+            index = choice_index(prompt_index)
+            state = self._choice(index)
+            choice: dict[str, Any] = {"index": index}
+            if self.chat:
+                pieces = self._parsed(state, response.text, final=True)
+                calls = [p for p in pieces if isinstance(p, ToolCall)]
+                content = "".join(p for p in pieces if isinstance(p, str))
+                message: dict[str, Any] = {"role": "assistant", "content": content or (None if calls else "")}
+                if calls:
+                    message["tool_calls"] = [_call_body(c) for c in calls]
+                choice["message"] = message
+                choice["finish_reason"] = _finish_reason(response.finish_reason, bool(calls))
+            else:
+                choice["text"] = response.text
+                choice["finish_reason"] = response.finish_reason
+            choice["logprobs"] = self._logprobs_body(state, response.token_ids, response.logprobs,
+                                                     response.top_logprobs)
+            if self._token_ids:
+                choice["token_ids"] = list(response.token_ids)
+            choices.append(choice)
+        body = self._envelope("chat.completion" if self.chat else "text_completion", choices)
+        body["usage"] = usage_body(summed_usage([r.usage for r in responses]))
         return body
 
     # ---- streaming ----
 
-    def role_chunk(self, include_usage: bool) -> dict[str, Any]:
-        """Chat streams open with the assistant role and empty content, as OpenAI's do."""
-        body = self._chunk(
-            {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-        )
-        if include_usage:
-            body["usage"] = None
-        return body
+    def role_chunks(self, count: int, include_usage: bool) -> list[dict[str, Any]]:
+        """Chat streams open with the assistant role and empty content, as OpenAI's do, one chunk per choice."""
+        return [
+            self._chunk({"index": choice_index(i), "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                         "finish_reason": None}, include_usage)
+            for i in range(count)
+        ]
 
-    def chunk(self, delta: Delta, include_usage: bool) -> dict[str, Any] | None:
-        """The chunk of one delta, or None when it carries nothing to show (text held back, no extras asked)."""
-        extras = self._logprobs or self._token_ids
-        if not delta.text and delta.finish_reason is None and not (extras and delta.token_ids):
-            return None
-        choice: dict[str, Any] = {"index": 0}
-        if self.chat:
-            choice["delta"] = {"content": delta.text} if delta.text or delta.finish_reason is None else {}
-        else:
-            choice["text"] = delta.text
-        choice["logprobs"] = self._logprobs_body(list(delta.token_ids), delta.logprobs, delta.top_logprobs)
-        choice["finish_reason"] = delta.finish_reason
-        if self._token_ids:
-            choice["token_ids"] = list(delta.token_ids)
-        body = self._chunk(choice)
-        if include_usage:
-            body["usage"] = None
-        return body
+    def chunks(self, prompt_index: int, delta: Delta, include_usage: bool) -> list[dict[str, Any]]:
+        """The chunks of one delta: none when it carries nothing to show (text held back, no extras asked); with a
+        tool-call parser, a call is two chunks (id, type and name; then the arguments) as OpenAI streams them."""
+        index = choice_index(prompt_index)
+        state = self._choice(index)
+        extras = (self._logprobs or self._token_ids) and bool(delta.token_ids)
+        finished = delta.finish_reason is not None
+        if not self.chat:
+            if not delta.text and not finished and not extras:
+                return []
+            return [self._chunk({"index": index, "text": delta.text, **self._extras(state, delta),
+                                 "finish_reason": delta.finish_reason}, include_usage)]
+        pieces = self._parsed(state, delta.text, final=finished)
+        deltas = [d for p in pieces for d in _piece_deltas(p)]
+        if not deltas and (extras or finished):
+            deltas = [{"content": ""} if not finished else {}]
+        out = []
+        for k, body in enumerate(deltas):
+            choice: dict[str, Any] = {"index": index, "delta": body}
+            if k == 0:
+                choice.update(self._extras(state, delta))
+            else:
+                choice["logprobs"] = None
+            last = k == len(deltas) - 1
+            called = state.parser is not None and state.parser.calls_found > 0
+            choice["finish_reason"] = _finish_reason(delta.finish_reason, called) if last else None
+            out.append(self._chunk(choice, include_usage))
+        return out
 
     def usage_chunk(self, usage: Usage | None) -> dict[str, Any]:
         body = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [])
@@ -87,13 +138,35 @@ class ResponseBuilder:
 
     # ---- parts ----
 
-    def _chunk(self, choice: dict[str, Any]) -> dict[str, Any]:
-        return self._envelope("chat.completion.chunk" if self.chat else "text_completion", [choice])
+    def _choice(self, index: int) -> _Choice:
+        if index not in self._choices:
+            self._choices[index] = _Choice(self._new_parser() if self._new_parser is not None else None)
+        return self._choices[index]
+
+    def _parsed(self, state: _Choice, text: str, final: bool) -> list[Piece]:
+        if state.parser is None:
+            return [text] if text else []
+        pieces = state.parser.feed(text)
+        return pieces + state.parser.finish() if final else pieces
+
+    def _extras(self, state: _Choice, delta: Delta) -> dict[str, Any]:
+        extras: dict[str, Any] = {
+            "logprobs": self._logprobs_body(state, list(delta.token_ids), delta.logprobs, delta.top_logprobs)
+        }
+        if self._token_ids:
+            extras["token_ids"] = list(delta.token_ids)
+        return extras
+
+    def _chunk(self, choice: dict[str, Any], include_usage: bool) -> dict[str, Any]:
+        body = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [choice])
+        if include_usage:
+            body["usage"] = None
+        return body
 
     def _envelope(self, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": self.request_id, "object": kind, "created": self.created, "model": self.model, "choices": choices}
 
-    def _logprobs_body(self, token_ids: list[int], logprobs: Any, top: Any) -> dict[str, Any] | None:
+    def _logprobs_body(self, state: _Choice, token_ids: list[int], logprobs: Any, top: Any) -> dict[str, Any] | None:
         if not self._logprobs or logprobs is None:
             return None
         tops = list(top) if top is not None else [()] * len(token_ids)
@@ -106,8 +179,8 @@ class ResponseBuilder:
         texts = [self._token_text(t) for t in token_ids]
         offsets = []
         for text in texts:
-            offsets.append(self._text_offset)
-            self._text_offset += len(text)
+            offsets.append(state.text_offset)
+            state.text_offset += len(text)
         top_maps = [{self._token_text(a): alp for a, alp in alts} for alts in tops]
         return {"tokens": texts, "token_logprobs": list(logprobs), "top_logprobs": top_maps, "text_offset": offsets}
 
@@ -117,3 +190,15 @@ class ResponseBuilder:
 
     def _token_text(self, token_id: int) -> str:
         return self._tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def _call_body(call: ToolCall) -> dict[str, Any]:
+    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+
+
+def _piece_deltas(piece: Piece) -> list[dict[str, Any]]:
+    if isinstance(piece, str):
+        return [{"content": piece}]
+    head = {"index": piece.index, "id": piece.id, "type": "function", "function": {"name": piece.name,
+                                                                                    "arguments": ""}}
+    return [{"tool_calls": [head]}, {"tool_calls": [{"index": piece.index, "function": {"arguments": piece.arguments}}]}]

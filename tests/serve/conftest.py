@@ -36,3 +36,11 @@ def client(engine):
 def sse_payloads(text: str) -> list[str]:
     """The `data:` payloads of an event stream, in order."""
     return [line[len("data: ") :] for line in text.split("\n") if line.startswith("data: ")]
+
+
+@pytest.fixture(scope="module")
+def openai_client(client):
+    """The official client, talking to the in-process app through the TestClient (an httpx.Client)."""
+    from openai import OpenAI
+
+    return OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=client, max_retries=0)

@@ -76,7 +76,9 @@ def test_completion_errors_name_the_field(client):
         return response.json()["error"]
 
     assert error(prompt="x", echo=True)["param"] == "echo"
-    assert error(prompt=["a", "b"])["param"] == "prompt"
+    assert error(prompt=[])["param"] == "prompt"
+    assert error(prompt=[[1, 2], [3, 10**7]])["param"] == "prompt.1"
+    assert error(prompt=["a", ""])["param"] == "prompt.1"
     bad = error(prompt=[1, 2, 10**7])
     assert bad["param"] == "prompt" and "10000000" in bad["message"]
     assert error(prompt="x", logprobs=999)["param"] == "logprobs"
