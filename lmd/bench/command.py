@@ -1,4 +1,5 @@
-"""`lmd bench throughput|latency`: offline engine benchmarks (LMDeploy's profile_throughput / profile_generation)."""
+"""`lmd bench throughput|latency`: offline engine benchmarks (LMDeploy's profile_throughput / profile_generation);
+`lmd bench serve` (HTTP) lives in serve_command.py and is registered here."""
 
 from __future__ import annotations
 
@@ -7,6 +8,24 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from lmd.bench.cli_options import (
+    AsJson,
+    DataDir,
+    Dataset,
+    FixedOutputLen,
+    MaxInputLen,
+    MaxOutputLen,
+    MinInputLen,
+    NumPrompts,
+    RandomInputLen,
+    RawPrompts,
+    Seed,
+    Temperature,
+    check_temperature,
+    parse_int_list,
+)
+from lmd.bench.progress import progress_bar
+from lmd.bench.serve_command import serve_command
 from lmd.engine_options import (
     CacheBlockSeqLenOpt,
     CacheMaxEntryCountOpt,
@@ -20,15 +39,12 @@ from lmd.engine_options import (
 from lmd.errors import LmdError
 
 if TYPE_CHECKING:
-    from rich.progress import Progress
-
-    from lmd.bench.dataset import Conversation
     from lmd.bench.engine_setup import EngineOverrides
-    from lmd.bench.sampling import BenchRequest, SamplingConfig
-    from lmd.turbomind.engine import Engine
 
 bench_app = typer.Typer(
-    help="Benchmark the engine: throughput over a prompt set, latency at fixed lengths.", no_args_is_help=True
+    help="Benchmark the engine (throughput over a prompt set, latency at fixed lengths) or any OpenAI-compatible "
+    "server over HTTP (serve).",
+    no_args_is_help=True,
 )
 
 ModelArg = Annotated[
@@ -45,8 +61,6 @@ Device = Annotated[str, typer.Option("--device", help="auto (cuda when available
 MaxContext = Annotated[
     int | None, typer.Option("--max-context-token-num", help="Tokens computed per engine step (prefill budget).")
 ]
-Seed = Annotated[int, typer.Option("--seed", help="Seed of the prompt sample (and of sampling, --temperature > 0).")]
-AsJson = Annotated[bool, typer.Option("--json", help="Print the report as JSON instead of a table.")]
 
 
 def _overrides(options: dict[str, Any], **changes: Any) -> EngineOverrides:
@@ -58,63 +72,20 @@ def _overrides(options: dict[str, Any], **changes: Any) -> EngineOverrides:
     return EngineOverrides(**{f.name: options[f.name] for f in fields(EngineOverrides)} | changes)
 
 
-def _progress(label: str, enabled: bool) -> Progress:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    return Progress(
-        TextColumn(f"[bold]{label}[/]"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        transient=True,
-        disable=not enabled,
-    )
-
-
 @bench_app.command("throughput")
 def throughput_command(
     model: ModelArg,
-    dataset: Annotated[
-        str,
-        typer.Option(
-            "--dataset",
-            help="sharegpt (<data dir>/sharegpt/*.json), random "
-            "(synthetic token ids), or a ShareGPT-format "
-            ".json/.jsonl file or directory.",
-        ),
-    ] = "sharegpt",
-    data_dir: Annotated[
-        str | None, typer.Option("--data-dir", help="Data directory holding sharegpt/ (default $LMD_DATA_DIR).")
-    ] = None,
-    num_prompts: Annotated[int, typer.Option("--num-prompts", help="Requests to run.")] = 1000,
+    dataset: Dataset = "sharegpt",
+    data_dir: DataDir = None,
+    num_prompts: NumPrompts = 1000,
     concurrency: Annotated[int, typer.Option("--concurrency", help="Most requests in flight at once.")] = 64,
-    max_output_len: Annotated[
-        int,
-        typer.Option(
-            "--max-output-len", help="Cap on tokens per reply; prompts without a reference reply may stop earlier at EOS."
-        ),
-    ] = 256,
-    fixed_output_len: Annotated[
-        int | None,
-        typer.Option("--fixed-output-len", help="Every request generates exactly this many tokens (EOS ignored)."),
-    ] = None,
-    min_input_len: Annotated[int, typer.Option("--min-input-len", help="Skip shorter prompts (tokens).")] = 4,
-    max_input_len: Annotated[int, typer.Option("--max-input-len", help="Skip longer prompts (tokens).")] = 1024,
-    random_input_len: Annotated[
-        int,
-        typer.Option(
-            "--random-input-len",
-            help="Prompt tokens with --dataset random (output: --fixed-output-len or --max-output-len).",
-        ),
-    ] = 128,
-    raw_prompts: Annotated[
-        bool, typer.Option("--raw-prompts", help="Tokenize prompts as plain text, without the chat template.")
-    ] = False,
-    temperature: Annotated[
-        float, typer.Option("--temperature", help="0: greedy; > 0 samples the whole vocabulary.")
-    ] = 0.0,
+    max_output_len: MaxOutputLen = 256,
+    fixed_output_len: FixedOutputLen = None,
+    min_input_len: MinInputLen = 4,
+    max_input_len: MaxInputLen = 1024,
+    random_input_len: RandomInputLen = 128,
+    raw_prompts: RawPrompts = False,
+    temperature: Temperature = 0.0,
     seed: Seed = 0,
     model_name: ModelName = "hf",
     device: Device = "auto",
@@ -130,43 +101,26 @@ def throughput_command(
     as_json: AsJson = False,
 ) -> None:
     """Offline throughput: NUM_PROMPTS requests, at most CONCURRENCY in flight; requests/s, tokens/s, TTFT, TPOT."""
-    from lmd.bench.dataset import RANDOM, dataset_files, read_conversations
     from lmd.bench.sampling import SamplingConfig
+    from lmd.bench.workload import build_requests, engine_codec, read_prompt_source, workload_settings
 
     if concurrency < 1:
         raise LmdError(f"--concurrency must be at least 1 (got {concurrency})")
-    if not 0.0 <= temperature <= 2.0:
-        raise LmdError(f"--temperature {temperature} is outside [0, 2]; use 0 for greedy")
-    if dataset == RANDOM and random_input_len < 1:
-        raise LmdError(f"--random-input-len must be at least 1 (got {random_input_len})")
+    check_temperature(temperature)
     sampling = SamplingConfig(num_prompts, seed, min_input_len, max_input_len, max_output_len, fixed_output_len)
     overrides = _overrides(locals())
-    files = [] if dataset == RANDOM else dataset_files(dataset, data_dir)
-    conversations = read_conversations(files) if files else []
+    source = read_prompt_source(dataset, data_dir, random_input_len)
     from lmd.bench.engine_setup import engine_facts, open_engine
 
     with open_engine(model, model_name, overrides) as pipe:
         engine = pipe.engine
-        requests = _requests(engine, conversations, sampling, random_input_len, raw_prompts)
-        settings = {
-            **engine_facts(engine, model),
-            "dataset": dataset,
-            "files": [str(f) for f in files],
-            "num_prompts": num_prompts,
-            "seed": seed,
-            "min_input_len": min_input_len,
-            "max_input_len": max_input_len,
-            "max_output_len": max_output_len,
-            "fixed_output_len": fixed_output_len,
-            "chat_template": not raw_prompts and dataset != RANDOM,
-            "temperature": temperature,
-        }
-        if dataset == RANDOM:
-            settings["random_input_len"] = random_input_len
+        room = (engine.max_len, "--session-len")
+        requests = build_requests(engine_codec(engine), source, sampling, not raw_prompts, room)
+        settings = engine_facts(engine, model) | workload_settings(source, sampling, not raw_prompts, temperature)
         from lmd.bench.report import print_throughput, throughput_report
         from lmd.bench.throughput import run_throughput
 
-        with _progress("bench throughput", not as_json) as bar:
+        with progress_bar("bench throughput", not as_json) as bar:
             task = bar.add_task("requests", total=len(requests))
             run = run_throughput(engine, requests, concurrency, temperature, seed, lambda _: bar.advance(task))
     report = throughput_report(run, settings)
@@ -174,33 +128,6 @@ def throughput_command(
         typer.echo(json.dumps(report))
     else:
         print_throughput(report)
-
-
-def _requests(
-    engine: Engine, conversations: list[Conversation], sampling: SamplingConfig, random_input_len: int, raw: bool
-) -> list[BenchRequest]:
-    """Sampled dataset requests, or random ones when there are no conversations (--dataset random)."""
-    import dataclasses
-
-    from lmd.bench.engine_setup import random_token_space
-    from lmd.bench.sampling import random_requests, sample_requests
-
-    if not conversations:
-        output_len = sampling.fixed_output_len or sampling.max_output_len
-        if random_input_len + output_len > engine.max_len:
-            raise LmdError(
-                f"--random-input-len {random_input_len} + {output_len} output tokens exceeds the engine's "
-                f"{engine.max_len} tokens per session; shorten them or raise --session-len"
-            )
-        vocab, banned = random_token_space(engine)
-        return random_requests(sampling.num_prompts, random_input_len, output_len, vocab, sampling.seed, banned)
-    tokenizer = engine.tokenizer
-    return sample_requests(
-        conversations,
-        lambda text: engine.encode(text, apply_chat_template=not raw),
-        lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"]),
-        dataclasses.replace(sampling, max_total_len=engine.max_len),
-    )
 
 
 @bench_app.command("latency")
@@ -236,7 +163,7 @@ def latency_command(
     """Latency at fixed lengths per batch size: time to first token, decode ms per token, tokens/s."""
     from lmd.bench.latency import LatencyConfig, check_fits, run_latency
 
-    config = LatencyConfig(input_len, output_len, parse_batch_sizes(batch_size), warmup, iters, seed)
+    config = LatencyConfig(input_len, output_len, parse_int_list(batch_size, "--batch-size"), warmup, iters, seed)
     overrides = _overrides(locals(), max_batch_size=max_batch_size or max(config.batch_sizes))
     from lmd.bench.engine_setup import engine_facts, open_engine
     from lmd.bench.report import latency_report, print_latency
@@ -253,7 +180,7 @@ def latency_command(
         }
         check_fits(config, pipe.engine.max_len, pipe.engine.workspace.engine.max_batch_size)
         total = len(config.batch_sizes) * (warmup + iters)
-        with _progress("bench latency", not as_json) as bar:
+        with progress_bar("bench latency", not as_json) as bar:
             task = bar.add_task("iterations", total=total)
             results = run_latency(pipe.engine, config, lambda: bar.advance(task))
     report = latency_report(results, settings)
@@ -263,14 +190,4 @@ def latency_command(
         print_latency(report)
 
 
-def parse_batch_sizes(values: list[str]) -> tuple[int, ...]:
-    sizes = []
-    for value in values:
-        for part in value.split(","):
-            try:
-                sizes.append(int(part))
-            except ValueError:
-                raise LmdError(
-                    f"--batch-size {value!r} is not a whole number or a comma list of them (e.g. 1,8,32)"
-                ) from None
-    return tuple(dict.fromkeys(sizes))
+bench_app.command("serve")(serve_command)

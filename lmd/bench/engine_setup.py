@@ -72,5 +72,6 @@ def engine_facts(engine: Engine, model: str) -> dict[str, Any]:
 
 def random_token_space(engine: Engine) -> tuple[int, tuple[int, ...]]:
     """(vocabulary size, ids to avoid) for random prompts: ids the tokenizer knows, minus EOS and special tokens."""
-    vocab = min(engine.workspace.model.vocab_size, len(engine.tokenizer))
-    return vocab, tuple(sorted({*engine.eos_ids, *getattr(engine.tokenizer, "all_special_ids", ())}))
+    from lmd.bench.workload import engine_codec
+
+    return engine_codec(engine).random_space()

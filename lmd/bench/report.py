@@ -15,7 +15,7 @@ from lmd.bench.throughput import ThroughputRun
 SUMMARY_KEYS = ("count", "mean", "median", "p90", "p99", "min", "max")
 
 
-def _ms(summary: Summary | None) -> dict[str, float] | None:
+def ms_summary(summary: Summary | None) -> dict[str, float] | None:
     return None if summary is None else summary.scaled(1000.0).to_dict()
 
 
@@ -33,9 +33,9 @@ def throughput_report(run: ThroughputRun, settings: dict[str, Any]) -> dict[str,
         "input_tokens_per_s": run.per_s(run.input_tokens),
         "output_tokens_per_s": run.per_s(run.output_tokens),
         "total_tokens_per_s": run.per_s(run.input_tokens + run.output_tokens),
-        "ttft_ms": _ms(run.ttft()),
-        "tpot_ms": _ms(run.tpot()),
-        "latency_ms": _ms(run.latency()),
+        "ttft_ms": ms_summary(run.ttft()),
+        "tpot_ms": ms_summary(run.tpot()),
+        "latency_ms": ms_summary(run.latency()),
         "finish_reasons": run.finish_reasons,
         "engine": dict(run.engine_counters),
     }
@@ -50,9 +50,9 @@ def latency_report(results: list[BatchLatency], settings: dict[str, Any]) -> dic
                 "iterations": len(r.iterations),
                 "output_tokens": r.output_tokens,
                 "iteration_s": list(r.iteration_s),
-                "ttft_ms": _ms(r.ttft()),
-                "decode_ms_per_token": _ms(r.decode_per_token()),
-                "inter_token_ms": _ms(r.inter_token()),
+                "ttft_ms": ms_summary(r.ttft()),
+                "decode_ms_per_token": ms_summary(r.decode_per_token()),
+                "inter_token_ms": ms_summary(r.inter_token()),
                 "tokens_per_s": r.tokens_per_s,
                 "decode_tokens_per_s": r.decode_tokens_per_s,
                 "engine": dict(r.engine_counters),
@@ -61,11 +61,11 @@ def latency_report(results: list[BatchLatency], settings: dict[str, Any]) -> dic
     return {"benchmark": "latency", "settings": settings, "batches": batches}
 
 
-def _fmt(value: float | None, digits: int = 1) -> str:
+def fmt(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
-def _stat(report: dict[str, Any], key: str, field: str) -> float | None:
+def stat(report: dict[str, Any], key: str, field: str) -> float | None:
     summary = report[key]
     return None if summary is None else summary[field]
 
@@ -78,15 +78,15 @@ def throughput_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
         ("dataset", str(settings.get("dataset", "-"))),
         ("requests / concurrency", f"{report['requests']} / {report['concurrency']}"),
         ("total time", f"{report['total_s']:.2f} s"),
-        ("requests/s", _fmt(report["requests_per_s"], 3)),
-        ("input tokens/s", f"{_fmt(report['input_tokens_per_s'])} ({report['input_tokens']:,} tokens)"),
-        ("output tokens/s", f"{_fmt(report['output_tokens_per_s'])} ({report['output_tokens']:,} tokens)"),
+        ("requests/s", fmt(report["requests_per_s"], 3)),
+        ("input tokens/s", f"{fmt(report['input_tokens_per_s'])} ({report['input_tokens']:,} tokens)"),
+        ("output tokens/s", f"{fmt(report['output_tokens_per_s'])} ({report['output_tokens']:,} tokens)"),
     ]
     for key, label in (("ttft_ms", "TTFT ms"), ("tpot_ms", "TPOT ms"), ("latency_ms", "request latency ms")):
         rows.append(
             (
                 f"{label} mean / median / p99",
-                " / ".join(_fmt(_stat(report, key, f), 2) for f in ("mean", "median", "p99")),
+                " / ".join(fmt(stat(report, key, f), 2) for f in ("mean", "median", "p99")),
             )
         )
     rows += [
@@ -132,13 +132,13 @@ def print_latency(report: dict[str, Any]) -> None:
     for b in report["batches"]:
         table.add_row(
             str(b["batch_size"]),
-            _fmt(_stat(b, "ttft_ms", "mean"), 2),
-            _fmt(_stat(b, "ttft_ms", "p99"), 2),
-            _fmt(_stat(b, "decode_ms_per_token", "mean"), 2),
-            _fmt(_stat(b, "inter_token_ms", "median"), 2),
-            _fmt(_stat(b, "inter_token_ms", "p99"), 2),
-            _fmt(b["tokens_per_s"]),
-            _fmt(b["decode_tokens_per_s"]),
+            fmt(stat(b, "ttft_ms", "mean"), 2),
+            fmt(stat(b, "ttft_ms", "p99"), 2),
+            fmt(stat(b, "decode_ms_per_token", "mean"), 2),
+            fmt(stat(b, "inter_token_ms", "median"), 2),
+            fmt(stat(b, "inter_token_ms", "p99"), 2),
+            fmt(b["tokens_per_s"]),
+            fmt(b["decode_tokens_per_s"]),
             str(b["engine"]["preemptions"]),
         )
     Console().print(table)

@@ -22,6 +22,7 @@ class BenchRequest:
     prompt_ids: tuple[int, ...]
     output_len: int  # max_new_tokens of the request
     exact: bool  # True: EOS is ignored, so exactly output_len tokens come back
+    text: str | None = None  # the prompt before tokenization (sampled from a conversation); None for random ids
 
     @property
     def prompt_len(self) -> int:
@@ -78,7 +79,7 @@ def sample_requests(
             continue
         if config.max_total_len is not None and len(prompt_ids) + output_len > config.max_total_len:
             continue
-        out.append(BenchRequest(tuple(prompt_ids), output_len, exact))
+        out.append(BenchRequest(tuple(prompt_ids), output_len, exact, conversation.prompt))
     if len(out) < config.num_prompts:
         room = "" if config.max_total_len is None else f", prompt + output <= {config.max_total_len} (session)"
         raise LmdError(

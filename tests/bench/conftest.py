@@ -28,3 +28,12 @@ def engine(bench_ws):
 
     with Engine(bench_ws, **ENGINE_OPTIONS) as eng:
         yield eng
+
+
+@pytest.fixture(scope="module")
+def server_url(engine):
+    """`lmd serve`'s app over `engine`, on a free port, as model `tiny`."""
+    from tests.bench.served import served
+
+    with served(engine) as url:
+        yield url
