@@ -26,7 +26,8 @@ from collections.abc import Sequence
 
 import torch
 
-from lmd.turbomind.forward_batch import ForwardBatch
+from lmd.turbomind.forward_batch import ForwardBatch, patch_inflight
+from lmd.turbomind.kernels.host_copy import to_device
 from lmd.turbomind.kv_cache import KVCache
 from lmd.turbomind.model import LlamaModel
 from lmd.turbomind.paged_attention import decode_graph_meta
@@ -72,10 +73,15 @@ class DecodeGraphs:
         return next(b for b in self.buckets if b >= n)
 
     @torch.inference_mode()
-    def run(self, chunks: Sequence[tuple[list[int], int, list[int]]]) -> torch.Tensor:
-        """fp32 logits [len(chunks), vocab] of one decode step (chunks: (one token id, start, block table))."""
+    def run(self, chunks: Sequence[tuple[list[int], int, list[int]]],
+            inflight: tuple[list[int], torch.Tensor] | None = None) -> torch.Tensor:
+        """fp32 logits [len(chunks), vocab] of one decode step (chunks: (one token id, start, block table));
+        `inflight`: (source row per chunk, ids on the device) for the chunks whose id is INFLIGHT (overlap)."""
         n, b = len(chunks), self.bucket(len(chunks))
         self._fill(chunks, b)
+        if inflight is not None:
+            sources, ids = inflight
+            patch_inflight(self.input_ids[:b], sources + [-1] * (b - n), ids)
         if not self.capture:
             return self.model.forward(self._batch(b, [start + 1 for _, start, _ in chunks]), self.cache)[:n]
         graph, logits = self.graphs[b]  # every bucket was captured at start (capture_all)
@@ -112,12 +118,14 @@ class DecodeGraphs:
             flat.extend(_zeros(width - 1))
         host = torch.tensor([ids + [0] * pad, positions + [0] * pad, slots + [self.scratch_slot] * pad,
                              lens + [1] * pad], dtype=torch.int64)
-        self.input_ids[:b].copy_(host[0], non_blocking=True)
-        self.positions[:b].copy_(host[1], non_blocking=True)
-        self.slots[:b].copy_(host[2], non_blocking=True)
-        self.seq_lens[:b].copy_(host[3], non_blocking=True)
-        self.seq_info[:b, 2].copy_(host[3].to(torch.int32), non_blocking=True)
-        self.tables[:b, :width].copy_(torch.frombuffer(flat, dtype=torch.int32).view(b, width), non_blocking=True)
+        staged = to_device(host, torch.int64, self.device)  # pinned: queued, never waiting for the GPU
+        self.input_ids[:b].copy_(staged[0])
+        self.positions[:b].copy_(staged[1])
+        self.slots[:b].copy_(staged[2])
+        self.seq_lens[:b].copy_(staged[3])
+        self.seq_info[:b, 2].copy_(staged[3])
+        self.tables[:b, :width].copy_(to_device(torch.frombuffer(flat, dtype=torch.int32).view(b, width), torch.int32,
+                                                self.device))
 
     def _batch(self, b: int, ctx_lens: list[int]) -> ForwardBatch:
         """The static buffers' first b rows as a ForwardBatch. The host tuples describe the same rows for the

@@ -17,12 +17,13 @@ from typing import Any
 
 from lmd.errors import LmdError
 from lmd.turbomind.block_manager import BlockManager
+from lmd.turbomind.forward_batch import InflightIds
 from lmd.turbomind.gen_config import GenerationConfig
 from lmd.turbomind.model_runner import ModelRunner
 from lmd.turbomind.request_state import RequestState
 from lmd.turbomind.request_stream import RequestStream
-from lmd.turbomind.sampler import Sampler
-from lmd.turbomind.scheduler import Scheduler, SchedulerOutput
+from lmd.turbomind.sampler import PendingSample, Sampler
+from lmd.turbomind.scheduler import Scheduler
 from lmd.turbomind.sequence import Sequence
 from lmd.turbomind.workspace import Workspace, open_workspace
 
@@ -43,6 +44,15 @@ class EngineStats:
     generated_tokens: int
     preemptions: int
     steps: int
+
+
+@dataclass
+class _InflightStep:
+    """A launched step whose sampled ids have not been resolved on the host."""
+
+    states: list[RequestState]  # one per sampled row
+    sample: PendingSample
+    ids: InflightIds
 
 
 class Engine:
@@ -67,6 +77,8 @@ class Engine:
         self._stopping = False
         self._defer_output = start if cfg.async_output is None else cfg.async_output
         self._pending: list[tuple[RequestState, int, Any, Any, str | None]] = []  # accepted, text not yet streamed
+        self._overlap = self._defer_output and self.runner.tp == 1  # in-flight ids stay on rank 0's device
+        self._inflight: _InflightStep | None = None
         self.last_error: Exception | None = None
         self._thread: threading.Thread | None = None
         if start:
@@ -89,7 +101,8 @@ class Engine:
         with self._cv:
             if self._stopping:
                 raise LmdError("the engine is closed; create a new one")
-            seq = Sequence(self._next_seq_id, token_ids)
+            seq = Sequence(self._next_seq_id, token_ids,
+                           max_num_tokens=min(len(token_ids) + config.max_new_tokens, self.max_len))
             self._next_seq_id += 1
             request_id = seq.seq_id if request_id is None else request_id
             if request_id in self._seq_of:
@@ -142,40 +155,66 @@ class Engine:
     def step(self) -> bool:
         """One batch step; False when there was nothing to compute.
 
-        Deferred output (`async_output`, with the engine thread): a step's sampled ids are accepted at once (the next
-        schedule needs them; stop tokens and lengths end requests here), their text deltas are made and streamed
-        while the GPU runs the next step. A stop string is therefore seen one step late: the request's token of
-        that next step is computed and dropped, and its stream is exactly what it would have been."""
+        Overlap (`async_output`, on with the engine thread, tp = 1): the step is launched before the previous one's
+        sampled ids reach the host. A sequence whose token is still being sampled is scheduled with an INFLIGHT id,
+        which the runner takes from the previous step's samples on the device; then the previous step is resolved
+        (ids to the host, stop tokens and lengths end requests, blocks freed), this step's sampling is queued, and
+        the previous step's text deltas are made and streamed while the GPU runs. A request ended by the resolved
+        step has one more token computed in this step, which is dropped (so is the token after a stop string): its
+        stream is exactly what the step-by-step engine gives. The sampling rows are built after the resolve, so
+        penalties and min_new_tokens see every token.
+        Without overlap and with deferred output (tp > 1), only the text waits for the next step."""
         self._drain_inbox()
         output = self.scheduler.schedule()
         if not output.chunks:
+            resolved = self._resolve_inflight()
             self._emit_pending()
-            return False
-        logits = self.runner.run(output)  # on CUDA the launch returns at once; sampling below waits for the GPU
+            return resolved
+        previous = self._inflight
+        logits = self.runner.run(output, None if previous is None else previous.ids)  # CUDA: returns at once
         self.scheduler.complete_step(output)
-        states = [self._states[c.seq_id] for c in output.chunks if c.needs_logits]
-        rows = [state.sampling_row() for state in states]
-        if self._defer_output:
-            self._emit_pending()
-        samples = self.sampler.sample(logits, rows)
-        self._accept(output, states, samples.token_ids, samples.logprobs, samples.top_logprobs)
-        if not self._defer_output:
-            self._emit_pending()
-        return True
-
-    def _accept(self, output: SchedulerOutput, states: list[RequestState], tokens: list[int], logprobs: list,
-                top: list) -> None:
         self._counts["steps"] += 1
         self._counts["computed_tokens"] += output.num_tokens
         self._counts["preemptions"] += len(output.preempted)
-        for state, token, logprob, alternatives in zip(states, tokens, logprobs, top, strict=True):
-            if state.finished:  # ended by a stop string while this step ran: its token is dropped
+        states = [self._states[c.seq_id] for c in output.chunks if c.needs_logits]  # before a resolve frees any
+        self._resolve_inflight()
+        sample = self.sampler.launch(logits, [state.sampling_row() for state in states])
+        for state in states:
+            state.seq.num_inflight += 1
+        rows = {state.seq.seq_id: i for i, state in enumerate(states)}
+        self._inflight = _InflightStep(states, sample, InflightIds(rows, sample.token_ids_device))
+        if not self._overlap:
+            if self._defer_output:
+                self._emit_pending()  # the previous step's text, while the GPU runs this one
+            self._resolve_inflight()
+            if self._defer_output:
+                return True
+        self._emit_pending()
+        return True
+
+    def _resolve_inflight(self) -> bool:
+        """The in-flight step's ids on the host: accepted in order, requests they end freed, deltas queued."""
+        step, self._inflight = self._inflight, None
+        if step is None:
+            return False
+        result = step.sample.result()
+        for state, token, logprob, alternatives in zip(step.states, result.token_ids, result.logprobs,
+                                                       result.top_logprobs, strict=True):
+            seq = state.seq
+            seq.num_inflight -= 1
+            if state.finished:  # ended (stop string, abort, the step before) while this token was computed: dropped
                 continue
             finish = state.accept(token)
+            self.block_manager.commit_full_blocks(seq)  # a block its id completes (its KV is in the cache)
             self._counts["generated_tokens"] += 1
             if finish is not None:  # free at once; the final delta follows with the text
-                self._finish(state.seq.seq_id, None)
+                self._finish(seq.seq_id, None)
             self._pending.append((state, token, logprob, alternatives, finish))
+        return True
+
+    def _flush(self) -> None:
+        self._resolve_inflight()
+        self._emit_pending()
 
     def _emit_pending(self) -> None:
         """Text deltas of the accepted tokens, in order, to their streams."""
@@ -192,7 +231,7 @@ class Engine:
         self.scheduler.add(state.seq)
 
     def _abort(self, request_id: object) -> None:
-        self._emit_pending()  # the request's earlier deltas reach its stream before the abort
+        self._flush()  # its tokens sampled so far reach its stream before the abort (costs one wait for the GPU)
         seq_id = self._seq_of.get(request_id)
         if seq_id is not None and seq_id in self._states:
             self._finish(seq_id, "abort")
@@ -208,7 +247,7 @@ class Engine:
             state.stream.put(state.final_delta(reason, state.stop_strings.flush()))
 
     def _end_all(self, reason: str) -> None:
-        self._emit_pending()
+        self._flush()
         for seq_id in list(self._states):
             self._finish(seq_id, reason)
 
@@ -229,12 +268,13 @@ class Engine:
                 progressed = self.step()
             except Exception as exc:  # a failed step ends every request in flight, the engine stays usable
                 self.last_error = exc  # first: a reader may look at it as soon as its "error" delta lands
+                self._inflight = None  # its samples may be what failed
                 with contextlib.suppress(Exception):  # the deltas of tokens accepted before the failure
                     self._emit_pending()
                 self._end_all("error")
                 continue
             if not self.scheduler.has_work():  # idle next: the last step's deltas go out now
-                self._emit_pending()
+                self._flush()
             if not progressed:
                 with self._cv:
                     self._cv.wait(timeout=0.005)

@@ -7,9 +7,13 @@ blocks of block_tables[i].
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+from lmd.turbomind.kernels.host_copy import to_device
+from lmd.turbomind.sequence import INFLIGHT
 
 
 @dataclass(frozen=True)
@@ -21,7 +25,7 @@ class ForwardBatch:
     q_starts: tuple[int, ...]
     q_lens: tuple[int, ...]
     ctx_lens: tuple[int, ...]
-    block_tables: tuple[torch.Tensor, ...]  # each [ceil(ctx_len / block_size)] int64
+    block_tables: tuple[torch.Tensor, ...]  # each [ceil(ctx_len / block_size)] int64, on the host (built) or device
     logit_indices: torch.Tensor  # [R] rows of the flat batch whose logits are wanted
     attention_meta: object | None = None  # prebuilt device metadata of the attention kernels (decode graphs)
 
@@ -45,10 +49,30 @@ class ForwardBatch:
                 positions.append(pos)
                 slots.append(table[pos // block_size] * block_size + pos % block_size)
             seq_lens.extend([ctx] * len(tokens))
-            tables.append(torch.tensor(table[: -(-ctx // block_size)], dtype=torch.int64, device=device))
+            tables.append(torch.tensor(table[: -(-ctx // block_size)], dtype=torch.int64))
+        # one copy for the four token vectors and the logit rows, queued without waiting for the GPU
+        flat = to_device(ids + positions + slots + seq_lens + list(logit_rows), torch.int64, device)
+        t = len(ids)
+        return cls(flat[:t], flat[t:2 * t], flat[2 * t:3 * t], flat[3 * t:4 * t], tuple(q_starts), tuple(q_lens),
+                   tuple(ctx_lens), tuple(tables), flat[4 * t:])
 
-        def as_tensor(values: list[int]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.int64, device=device)
 
-        return cls(as_tensor(ids), as_tensor(positions), as_tensor(slots), as_tensor(seq_lens), tuple(q_starts),
-                   tuple(q_lens), tuple(ctx_lens), tuple(tables), as_tensor(logit_rows))
+@dataclass(frozen=True)
+class InflightIds:
+    """The ids the step still running samples: row of each sequence in `token_ids` (a device tensor)."""
+
+    rows: dict[int, int]  # seq_id -> row
+    token_ids: torch.Tensor
+
+    def sources(self, chunks: Sequence[tuple[int, Sequence[int]]]) -> list[int] | None:
+        """Per flat token of (seq_id, token ids) chunks: the row its id comes from, -1 where it is known; None when
+        every id is known."""
+        out = [self.rows[seq_id] if t == INFLIGHT else -1 for seq_id, ids in chunks for t in ids]
+        return out if max(out, default=-1) >= 0 else None
+
+
+def patch_inflight(input_ids: torch.Tensor, sources: list[int], inflight: torch.Tensor) -> None:
+    """input_ids[i] = inflight[sources[i]] wherever sources[i] >= 0, on the device: a token sampled by the step
+    still running becomes this step's input without coming back to the host first (overlap)."""
+    src = to_device(sources, torch.int64, input_ids.device)
+    input_ids.copy_(torch.where(src >= 0, inflight[src.clamp(min=0)], input_ids))

@@ -13,7 +13,7 @@ import torch
 from lmd.errors import LmdError
 from lmd.turbomind.config import EngineConfig, ModelConfig
 from lmd.turbomind.decode_graph import DecodeGraphs
-from lmd.turbomind.forward_batch import ForwardBatch
+from lmd.turbomind.forward_batch import ForwardBatch, InflightIds, patch_inflight
 from lmd.turbomind.kv_cache import KVCache, block_bytes, plan_num_blocks
 from lmd.turbomind.kv_int8 import StaticKVParams
 from lmd.turbomind.model import LlamaModel, Reduce
@@ -135,22 +135,32 @@ class ModelRunner:
     def num_blocks(self) -> int:
         return self.cache.num_blocks - self._scratch
 
-    def run(self, output: SchedulerOutput) -> torch.Tensor:
-        """fp32 logits [number of chunks that need logits, vocab], in chunk order."""
+    def run(self, output: SchedulerOutput, inflight: InflightIds | None = None) -> torch.Tensor:
+        """fp32 logits [number of chunks that need logits, vocab], in chunk order. `inflight`: where the INFLIGHT
+        ids of the chunks are (the previous step's samples, still on the device); nothing here waits for the GPU."""
         chunks, rows, end = [], [], 0
         for chunk in output.chunks:
             chunks.append((list(chunk.token_ids), chunk.start, list(chunk.block_table)))
             end += len(chunk.token_ids)
             if chunk.needs_logits:
                 rows.append(end - 1)
+        sources = None if inflight is None else inflight.sources([(c.seq_id, c.token_ids) for c in output.chunks])
+        if sources is not None and self.tp > 1:
+            raise LmdError("overlapped steps (in-flight token ids) need tp=1")
+        patch = None if sources is None else (sources, inflight.token_ids)  # type: ignore[union-attr]
         if self.graphs is not None and len(rows) == len(chunks) and self.graphs.fits(chunks):
-            return self.graphs.run(chunks)
-        return self.run_chunks(chunks, rows)
+            return self.graphs.run(chunks, patch)
+        batch = self._batch(chunks, rows)
+        if patch is not None:
+            patch_inflight(batch.input_ids, *patch)
+        return self._forward(batch)
 
     def run_chunks(self, chunks: list[tuple[list[int], int, list[int]]], rows: list[int]) -> torch.Tensor:
         """Logits of `rows` of the flat batch of `chunks` (token ids, start, block table); on a worker rank the
         layers only (its part of the all-reduces), and the result is empty."""
-        batch = self._batch(chunks, rows)
+        return self._forward(self._batch(chunks, rows))
+
+    def _forward(self, batch: ForwardBatch) -> torch.Tensor:
         with self._guard():
             if self.tp > 1 and self.workers is None:
                 self._worker_forward(batch)

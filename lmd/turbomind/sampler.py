@@ -30,6 +30,7 @@ import torch
 
 from lmd.errors import LmdError
 from lmd.turbomind.gen_config import GenerationConfig
+from lmd.turbomind.kernels.host_copy import to_device
 
 MIN_TEMPERATURE = 1e-5
 
@@ -50,6 +51,50 @@ class SampleOutput:
     top_logprobs: list[list[tuple[int, float]] | None]  # the config.logprobs most likely (token, logprob); None if off
 
 
+class PendingSample:
+    """A batch's sampled ids (and logprobs) as device tensors, on their way to the host.
+
+    The copies to pinned host memory are queued when the sample is made; `result()` waits for them only. Until
+    then `token_ids_device` can feed the next step's input on the device (overlap)."""
+
+    def __init__(self, token_ids: torch.Tensor, rows: list[SamplingRow], wanted: list[int] | None = None,
+                 picked: torch.Tensor | None = None, top_values: torch.Tensor | None = None,
+                 top_ids: torch.Tensor | None = None) -> None:
+        self.token_ids_device = token_ids
+        self._rows, self._wanted = rows, wanted or []
+        tensors = [token_ids] + ([picked, top_values, top_ids] if self._wanted else [])
+        self._event: torch.cuda.Event | None = None
+        if token_ids.is_cuda:
+            self._host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]  # type: ignore[union-attr]
+            for host, t in zip(self._host, tensors, strict=True):
+                host.copy_(t, non_blocking=True)  # type: ignore[arg-type]
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._host = tensors  # type: ignore[assignment]
+        self._result: SampleOutput | None = None
+
+    def result(self) -> SampleOutput:
+        if self._result is None:
+            if self._event is not None:
+                self._event.synchronize()
+            self._result = self._convert()
+        return self._result
+
+    def _convert(self) -> SampleOutput:
+        rows = self._rows
+        token_ids = self._host[0].tolist()
+        logprobs: list[float | None] = [None] * len(rows)
+        top_logprobs: list[list[tuple[int, float]] | None] = [None] * len(rows)
+        if self._wanted:
+            picked, top_values, top_ids = (t.tolist() for t in self._host[1:])
+            for slot, i in enumerate(self._wanted):
+                n = rows[i].config.logprobs
+                logprobs[i] = picked[slot]
+                top_logprobs[i] = list(zip(top_ids[slot][:n], top_values[slot][:n], strict=True))
+        return SampleOutput(token_ids=token_ids, logprobs=logprobs, top_logprobs=top_logprobs)
+
+
 def request_generator(config: GenerationConfig, device: torch.device | str = "cpu") -> torch.Generator | None:
     """The per-request generator for a seeded config (None when unseeded): create it once, at admission."""
     if config.seed is None:
@@ -68,32 +113,33 @@ class Sampler:
             self._generator.manual_seed(seed)
 
     def sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SampleOutput:
+        return self.launch(logits, rows).result()
+
+    def launch(self, logits: torch.Tensor, rows: list[SamplingRow]) -> PendingSample:
+        """Queue the batch's sampling on the logits' device; nothing here waits for the GPU."""
         if logits.dim() != 2 or logits.shape[0] != len(rows):
             raise LmdError(f"Sampler.sample: logits of shape {tuple(logits.shape)} do not match {len(rows)} rows")
         raw = logits.float()
-        if all(_plain_greedy(row) for row in rows):  # the common decode batch: one argmax, one read-back
-            return SampleOutput(token_ids=raw.argmax(dim=-1).tolist(), logprobs=[None] * len(rows),
-                                top_logprobs=[None] * len(rows))
+        if all(_plain_greedy(row) for row in rows):  # the common decode batch: one argmax
+            return PendingSample(raw.argmax(dim=-1), rows)
         processed = raw.clone()
         _apply_repetition_penalty(processed, rows)
         _apply_presence_frequency(processed, rows)
         _apply_logit_bias(processed, rows)
         _mask_early_stop(processed, rows)
 
-        chosen = torch.empty(len(rows), dtype=torch.long, device=raw.device)
+        device = raw.device
+        chosen = torch.empty(len(rows), dtype=torch.long, device=device)
         greedy = [i for i, row in enumerate(rows) if row.config.is_greedy]
         sampled = [i for i, row in enumerate(rows) if not row.config.is_greedy]
         if greedy:
-            index = torch.tensor(greedy, device=raw.device)
+            index = to_device(greedy, torch.int64, device)
             chosen[index] = processed[index].argmax(dim=-1)
         if sampled:
-            index = torch.tensor(sampled, device=raw.device)
-            uniforms = self._uniforms([rows[i] for i in sampled], raw.device)
+            index = to_device(sampled, torch.int64, device)
+            uniforms = self._uniforms([rows[i] for i in sampled], device)
             chosen[index] = _sample_top_k_top_p(processed[index], [rows[i].config for i in sampled], uniforms)
-
-        token_ids = chosen.tolist()
-        logprobs, top_logprobs = _raw_logprobs(raw, chosen, rows)
-        return SampleOutput(token_ids=token_ids, logprobs=logprobs, top_logprobs=top_logprobs)
+        return _with_raw_logprobs(raw, chosen, rows)
 
     def _uniforms(self, rows: list[SamplingRow], device: torch.device) -> torch.Tensor:
         """One uniform in [0, 1) per row, each from that row's own generator (CPU or device generators alike)."""
@@ -106,7 +152,7 @@ class Sampler:
             else:
                 values.append(0.0)
                 on_device.append((i, torch.rand(1, generator=generator, device=generator.device, dtype=torch.float64)))
-        uniforms = torch.tensor(values, dtype=torch.float64).to(device)
+        uniforms = to_device(values, torch.float64, device)
         for i, value in on_device:
             uniforms[i] = value.to(device)[0]
         return uniforms.unsqueeze(1)
@@ -131,11 +177,11 @@ def _apply_repetition_penalty(logits: torch.Tensor, rows: list[SamplingRow]) -> 
     device = logits.device
     # array -> frombuffer is several times faster than torch.tensor on long Python lists (a whole context per row).
     flat = array("q", itertools.chain.from_iterable(rows[i].token_ids for i in picked))
-    token_index = torch.frombuffer(flat, dtype=torch.int64).to(device)
-    lengths = torch.tensor([len(rows[i].token_ids) for i in picked], device=device)
-    row_index = torch.tensor(picked, device=device).repeat_interleave(lengths)
-    penalty = torch.tensor([rows[i].config.repetition_penalty for i in picked], device=device)
-    penalty = penalty.repeat_interleave(lengths)
+    token_index = to_device(torch.frombuffer(flat, dtype=torch.int64), torch.int64, device)
+    lengths = torch.tensor([len(rows[i].token_ids) for i in picked])
+    row_index = to_device(torch.tensor(picked).repeat_interleave(lengths), torch.int64, device)
+    penalty = torch.tensor([rows[i].config.repetition_penalty for i in picked]).repeat_interleave(lengths)
+    penalty = to_device(penalty, logits.dtype, device)
     seen = logits[row_index, token_index]
     # A token seen twice is written twice with the same value (computed from the original logit), never penalised twice.
     logits[row_index, token_index] = torch.where(seen > 0, seen / penalty, seen * penalty)
@@ -149,14 +195,14 @@ def _apply_presence_frequency(logits: torch.Tensor, rows: list[SamplingRow]) -> 
     device, vocab = logits.device, logits.shape[1]
     generated = [rows[i].token_ids[len(rows[i].token_ids) - rows[i].num_generated:] for i in picked]
     flat = array("q", itertools.chain.from_iterable(generated))
-    token_index = torch.frombuffer(flat, dtype=torch.int64).to(device)
-    lengths = torch.tensor([len(g) for g in generated], device=device)
-    slot_index = torch.arange(len(picked), device=device).repeat_interleave(lengths)
+    token_index = to_device(torch.frombuffer(flat, dtype=torch.int64), torch.int64, device)
+    lengths = torch.tensor([len(g) for g in generated])
+    slot_index = to_device(torch.arange(len(picked)).repeat_interleave(lengths), torch.int64, device)
     counts = torch.zeros(len(picked), vocab, device=device)
     counts.index_put_((slot_index, token_index), torch.ones_like(token_index, dtype=counts.dtype), accumulate=True)
-    frequency = torch.tensor([rows[i].config.frequency_penalty for i in picked], device=device).unsqueeze(1)
-    presence = torch.tensor([rows[i].config.presence_penalty for i in picked], device=device).unsqueeze(1)
-    index = torch.tensor(picked, device=device)
+    frequency = to_device([rows[i].config.frequency_penalty for i in picked], counts.dtype, device).unsqueeze(1)
+    presence = to_device([rows[i].config.presence_penalty for i in picked], counts.dtype, device).unsqueeze(1)
+    index = to_device(picked, torch.int64, device)
     logits[index] -= frequency * counts + presence * (counts > 0).float()
 
 
@@ -166,20 +212,20 @@ def _apply_logit_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
     if not pairs:
         return
     device = logits.device
-    row_index = torch.tensor([p[0] for p in pairs], device=device)
-    token_index = torch.tensor([p[1] for p in pairs], device=device)
-    bias = torch.tensor([p[2] for p in pairs], device=device, dtype=logits.dtype)
+    row_index = to_device([p[0] for p in pairs], torch.int64, device)
+    token_index = to_device([p[1] for p in pairs], torch.int64, device)
+    bias = to_device([p[2] for p in pairs], logits.dtype, device)
     logits.index_put_((row_index, token_index), bias, accumulate=True)
 
 
 def _mask_early_stop(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
     """Before `min_new_tokens` tokens exist, no token that would end the request may be chosen."""
     vocab = logits.shape[1]
-    for i, row in enumerate(rows):
-        if row.num_generated < row.config.min_new_tokens:
-            stops = sorted({t for t in (*row.eos_ids, *row.config.stop_token_ids) if 0 <= t < vocab})
-            if stops:
-                logits[i, torch.tensor(stops, device=logits.device)] = float("-inf")
+    pairs = [(i, t) for i, row in enumerate(rows) if row.num_generated < row.config.min_new_tokens
+             for t in sorted({t for t in (*row.eos_ids, *row.config.stop_token_ids) if 0 <= t < vocab})]
+    if pairs:
+        index = to_device([x for pair in pairs for x in pair], torch.int64, logits.device).view(-1, 2)
+        logits[index[:, 0], index[:, 1]] = float("-inf")
 
 
 def _sample_top_k_top_p(logits: torch.Tensor, configs: list[GenerationConfig], uniforms: torch.Tensor) -> torch.Tensor:
@@ -200,15 +246,15 @@ def _filtered_sorted_probs(logits: torch.Tensor, configs: list[GenerationConfig]
     vocab = logits.shape[1]
     device = logits.device
     # A positive temperature this small is greedy in effect; the floor keeps logits / temperature finite.
-    temperature = torch.tensor([max(c.temperature, MIN_TEMPERATURE) for c in configs], device=device).unsqueeze(1)
-    top_k = torch.tensor([min(c.top_k, vocab) if c.top_k > 0 else vocab for c in configs], device=device)
+    temperature = to_device([max(c.temperature, MIN_TEMPERATURE) for c in configs], logits.dtype, device).unsqueeze(1)
+    top_k = to_device([min(c.top_k, vocab) if c.top_k > 0 else vocab for c in configs], torch.int64, device)
     # top_p = 1 means off: an infinite threshold never removes a token, even when the cumulative sum rounds to 1.
-    top_p = torch.tensor([c.top_p if c.top_p < 1.0 else float("inf") for c in configs], device=device).unsqueeze(1)
+    top_p = to_device([c.top_p if c.top_p < 1.0 else float("inf") for c in configs], logits.dtype, device).unsqueeze(1)
 
     sorted_logits, sorted_ids = (logits / temperature).sort(dim=-1, descending=True)
     kth = sorted_logits.gather(1, (top_k - 1).unsqueeze(1))
     # min_p: p_i >= min_p * p_max  <=>  logit_i >= logit_max + log(min_p) (off at 0: log 0 = -inf keeps every token)
-    min_p = torch.tensor([c.min_p for c in configs], device=device, dtype=sorted_logits.dtype).unsqueeze(1)
+    min_p = to_device([c.min_p for c in configs], sorted_logits.dtype, device).unsqueeze(1)
     floor = torch.maximum(kth, sorted_logits[:, :1] + min_p.log())
     sorted_logits = sorted_logits.masked_fill(sorted_logits < floor, float("-inf"))
     probs = sorted_logits.softmax(dim=-1)
@@ -218,22 +264,13 @@ def _filtered_sorted_probs(logits: torch.Tensor, configs: list[GenerationConfig]
     return probs.masked_fill(drop, 0.0), sorted_ids
 
 
-def _raw_logprobs(
-    raw: torch.Tensor, chosen: torch.Tensor, rows: list[SamplingRow]
-) -> tuple[list[float | None], list[list[tuple[int, float]] | None]]:
-    logprobs: list[float | None] = [None] * len(rows)
-    top_logprobs: list[list[tuple[int, float]] | None] = [None] * len(rows)
+def _with_raw_logprobs(raw: torch.Tensor, chosen: torch.Tensor, rows: list[SamplingRow]) -> PendingSample:
     wanted = [i for i, row in enumerate(rows) if row.config.logprobs is not None]
     if not wanted:
-        return logprobs, top_logprobs
-    index = torch.tensor(wanted, device=raw.device)
+        return PendingSample(chosen, rows)
+    index = to_device(wanted, torch.int64, raw.device)
     log_probs = raw[index].log_softmax(dim=-1)
-    picked = log_probs.gather(1, chosen[index].unsqueeze(1)).squeeze(1).tolist()
+    picked = log_probs.gather(1, chosen[index].unsqueeze(1)).squeeze(1)
     k = min(max(rows[i].config.logprobs for i in wanted), raw.shape[1])
     top_values, top_ids = log_probs.topk(k, dim=-1) if k else (log_probs[:, :0], log_probs[:, :0].long())
-    top_values, top_ids = top_values.tolist(), top_ids.tolist()
-    for slot, i in enumerate(wanted):
-        n = rows[i].config.logprobs
-        logprobs[i] = picked[slot]
-        top_logprobs[i] = list(zip(top_ids[slot][:n], top_values[slot][:n], strict=True))
-    return logprobs, top_logprobs
+    return PendingSample(chosen, rows, wanted, picked, top_values, top_ids)

@@ -17,13 +17,13 @@ from collections import deque
 from dataclasses import dataclass
 
 from lmd.turbomind.block_manager import BlockManager
-from lmd.turbomind.sequence import Sequence, SequenceStatus
+from lmd.turbomind.sequence import INFLIGHT, Sequence, SequenceStatus
 
 
 @dataclass(frozen=True)
 class ScheduledChunk:
     seq_id: int
-    token_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]  # INFLIGHT where the step still running samples the token
     start: int  # position of token_ids[0] in the sequence
     block_table: tuple[int, ...]
     needs_logits: bool  # the chunk ends the sequence's known tokens: sample the next one
@@ -82,6 +82,8 @@ class Scheduler:
         admit = not preempted and self._steps % self.step_length == 0
         while admit and self.waiting and len(self.running) < self.max_batch_size and budget > 0:
             seq = self.waiting[0]
+            if seq.num_inflight:  # preempted while its last token was being sampled: admitted once it is known
+                break
             matched = self.block_manager.match_prefix(seq.token_ids)
             hit = len(matched) * self.block_manager.block_size
             n = min(len(seq) - hit, budget)
@@ -127,5 +129,6 @@ class Scheduler:
 
 def _chunk(seq: Sequence, n: int) -> ScheduledChunk:
     start = seq.num_computed_tokens
-    return ScheduledChunk(seq.seq_id, tuple(seq.token_ids[start:start + n]), start, tuple(seq.block_table),
-                          start + n == len(seq))
+    ids = seq.token_ids[start:start + n]
+    ids += [INFLIGHT] * (n - len(ids))  # the runner takes these from the device (overlap)
+    return ScheduledChunk(seq.seq_id, tuple(ids), start, tuple(seq.block_table), start + n == seq.num_tokens)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+INFLIGHT = -1  # a token id in a scheduled chunk: the token the step still running samples for this sequence
+
 
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
@@ -23,6 +25,10 @@ class Sequence:
     block_hashes: list[int] = field(default_factory=list)  # chain hash of each full block already committed
     num_prefix_hit_tokens: int = 0  # summed over admissions (a preempted sequence is admitted again)
     num_preemptions: int = 0
+    # Overlap: tokens sampled on the device whose ids have not reached the host yet (0 or 1). They count as known
+    # tokens for scheduling; token_ids gets them when the engine resolves the step.
+    num_inflight: int = 0
+    max_num_tokens: int = 1 << 62  # the request ends by length here: an in-flight token at it needs no step
 
     def __post_init__(self) -> None:
         if self.num_prompt_tokens < 0:
@@ -36,5 +42,12 @@ class Sequence:
         return len(self.token_ids) - self.num_prompt_tokens
 
     @property
+    def num_tokens(self) -> int:
+        """Known tokens, in-flight ones included."""
+        return len(self.token_ids) + self.num_inflight
+
+    @property
     def num_uncomputed(self) -> int:
-        return len(self.token_ids) - self.num_computed_tokens
+        if self.num_inflight and self.num_tokens >= self.max_num_tokens:
+            return 0  # the in-flight token is the last one: nothing more will be computed
+        return self.num_tokens - self.num_computed_tokens

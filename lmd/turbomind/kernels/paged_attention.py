@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 import triton
 
+from lmd.turbomind.kernels.host_copy import to_device
 from lmd.turbomind.kernels.paged_attention_kernels import _attention_kernel, _combine_kernel
 
 LOG2E = 1.4426950408889634
@@ -90,7 +91,7 @@ class AttentionMeta:
             ]
             work.sort(reverse=True)
             flat = [x for _, seq, q0 in work for x in (seq, q0)]
-            self.tiles[block_q] = torch.tensor(flat, dtype=torch.int32, device=self.seq_info.device).view(-1, 2)
+            self.tiles[block_q] = to_device(flat, torch.int32, self.seq_info.device).view(-1, 2)
         return self.tiles[block_q]
 
 
@@ -101,14 +102,17 @@ def attention_meta(
     block_tables: Sequence[torch.Tensor],
     device: torch.device,
 ) -> AttentionMeta:
-    """The kernels' metadata of a batch (one host-to-device copy for the lengths, one for the tables)."""
+    """The kernels' metadata of a batch: one host-to-device copy for the lengths, one for the tables (host or
+    device tables), neither waiting for the GPU."""
     decode = [i for i, n in enumerate(q_lens) if n == 1]
     prefill = [(i, n, ctx) for i, (n, ctx) in enumerate(zip(q_lens, ctx_lens, strict=True)) if n > 1]
     host = [x for row in zip(q_starts, q_lens, ctx_lens, strict=True) for x in row]
     host += [x for i in decode for x in (i, 0)]
-    packed = torch.tensor(host, dtype=torch.int32, device=device)
+    packed = to_device(host, torch.int32, device)
     b = len(q_lens)
-    if b:
+    if b and all(t.device.type == "cpu" for t in block_tables):
+        tables = to_device(torch.nn.utils.rnn.pad_sequence(list(block_tables), batch_first=True), torch.int32, device)
+    elif b:
         tables = torch.nn.utils.rnn.pad_sequence([t.to(device) for t in block_tables], batch_first=True)
     else:
         tables = torch.zeros((0, 0), dtype=torch.int32, device=device)

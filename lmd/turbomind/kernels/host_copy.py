@@ -1,0 +1,22 @@
+"""Host values to the device without waiting for it.
+
+`torch.tensor(values, device="cuda")` copies from pageable memory and then synchronises the stream, so every one of
+them waits for the GPU to finish what was queued before. The engine builds the next step while the GPU runs the
+current one (overlap), so its host-to-device copies go through pinned memory with non_blocking=True instead: the copy
+is queued on the stream, and the caching host allocator keeps the pinned block alive until the copy has run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def to_device(values: Sequence[int] | Sequence[float] | torch.Tensor, dtype: torch.dtype,
+              device: torch.device) -> torch.Tensor:
+    """A 1-d (or the given host tensor's shape) tensor of `values` on `device`, queued without a stream sync."""
+    host = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return host.to(device=device, dtype=dtype)
+    return host.to(dtype).pin_memory().to(device, non_blocking=True)
