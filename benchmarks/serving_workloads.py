@@ -737,7 +737,9 @@ def print_tables(results: dict[str, Any]) -> None:
             for submit, s in prefix.get(cache, {}).items():
                 table.add_row(model, "prefix", f"lmd cache {cache}, {submit}", str(s["requests"]), "-",
                               _f(s["total_s"], 2), "-", "-", _f((s["ttft_ms"] or {}).get("mean")),
-                              f"prefix hit {s['prefix_hit_tokens']:,} of {s['prompt_tokens']:,} tokens")
+                              f"prefix hit {s['prefix_hit_tokens']:,} of {s['prompt_tokens']:,} tokens"
+                              + (f", TTFT off/on {speedup:.2f}x" if cache == "on" and (
+                                  speedup := prefix.get(f"ttft_mean_off_over_on_{submit}")) else ""))
         if "failed" in prefix or "skipped" in prefix:
             table.add_row(model, "prefix", "lmd", *["-"] * 6, prefix.get("failed") or prefix.get("skipped"))
     console.print(table)
