@@ -16,9 +16,11 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from lmd.chat_templates import TOOL_FORMATS
 from lmd.errors import LmdError
 from lmd.serve.errors import ApiError, bad_request, install_error_handlers
 from lmd.serve.generation import collect, engine_request_ids, merged, submit, summed_usage
+from lmd.serve.messages import chat_messages
 from lmd.serve.metrics import CHAT, COMPLETIONS, CONTENT_TYPE, RequestCounts, render_metrics
 from lmd.serve.protocol import (
     ChatCompletionRequest,
@@ -28,8 +30,9 @@ from lmd.serve.protocol import (
     TokenizeRequest,
 )
 from lmd.serve.responses import ResponseBuilder, new_request_id
-from lmd.serve.sampling import chat_messages, generation_config
+from lmd.serve.sampling import generation_config
 from lmd.serve.streaming import AbortingEventStream, sse_event, unless_disconnected
+from lmd.serve.tools import ToolUse, tool_use
 from lmd.turbomind.engine import Engine
 from lmd.turbomind.gen_config import GenerationConfig
 from lmd.turbomind.request_stream import RequestStream, Usage
@@ -38,8 +41,9 @@ _log = logging.getLogger("lmd.serve")
 
 
 class _Server:
-    def __init__(self, engine: Engine, model_name: str, api_keys: Sequence[str]) -> None:
+    def __init__(self, engine: Engine, model_name: str, api_keys: Sequence[str], tool_call_parser: str | None) -> None:
         self.engine, self.model_name = engine, model_name
+        self.tool_call_parser = tool_call_parser
         self.api_keys = tuple(api_keys)
         self.counts = RequestCounts()
         self.created = int(time.time())
@@ -84,13 +88,13 @@ class _Server:
 
     # ---- generation ----
 
-    def encode_chat(self, body: ChatCompletionRequest) -> list[int]:
-        return self.encode_messages(body.messages)
+    def tool_use(self, body: ChatCompletionRequest) -> ToolUse:
+        return tool_use(body, self.engine.chat_template, self.engine.tokenizer, self.tool_call_parser)
 
-    def encode_messages(self, raw: list[ChatMessage]) -> list[int]:
+    def encode_messages(self, raw: list[ChatMessage], tools: list[dict[str, Any]] | None = None) -> list[int]:
         messages = chat_messages(raw)
         try:
-            return self.engine.encode(messages)
+            return self.engine.chat_template.encode(messages, self.engine.tokenizer, tools=tools)
         except LmdError as exc:
             raise bad_request("messages", str(exc)) from None
         except Exception as exc:  # the tokenizer's own jinja template may refuse a conversation
@@ -144,9 +148,11 @@ class _Server:
         return configs
 
     async def generate(self, request: Request, body: ChatCompletionRequest | CompletionRequest,
-                       prompts: list[list[int]], endpoint: str) -> Response:
+                       prompts: list[list[int]], endpoint: str, tools: ToolUse | None = None) -> Response:
         chat = endpoint == CHAT
         configs = self.configs(body, prompts, "messages" if chat else "prompt")
+        if tools is not None:
+            configs = [tools.configure(c, body) for c in configs]  # type: ignore[arg-type]
         response_id = new_request_id(chat)
         ids = engine_request_ids(response_id, len(prompts))
         try:
@@ -161,6 +167,7 @@ class _Server:
             self.engine.tokenizer,
             logprobs=configs[0].logprobs is not None,
             token_ids=body.return_token_ids,
+            tool_parser=tools.new_parser if tools is not None and tools.parser is not None else None,
         )
 
         def abort_all() -> None:
@@ -223,9 +230,13 @@ def _prompt_field(index: int, count: int, field: str = "prompt") -> str:
     return field if count == 1 else f"{field}.{index}"
 
 
-def create_app(engine: Engine, model_name: str, api_keys: Sequence[str] = ()) -> FastAPI:
-    """The HTTP app over `engine` (already running its step loop), serving it as `model_name`."""
-    server = _Server(engine, model_name, api_keys)
+def create_app(engine: Engine, model_name: str, api_keys: Sequence[str] = (),
+               tool_call_parser: str | None = None) -> FastAPI:
+    """The HTTP app over `engine` (already running its step loop), serving it as `model_name`; `tool_call_parser`
+    (one of TOOL_FORMATS) reads tool calls in replies instead of the chat template family's own format."""
+    if tool_call_parser is not None and tool_call_parser not in TOOL_FORMATS:
+        raise LmdError(f"tool call parser {tool_call_parser!r} is unknown; use one of {', '.join(TOOL_FORMATS)}")
+    server = _Server(engine, model_name, api_keys, tool_call_parser)
     app = FastAPI(title="lmd serve", summary="OpenAI-compatible API over the lmd engine", version="0.1.0")
     app.state.server = server
     install_error_handlers(app, server.counts.reject)
@@ -251,7 +262,8 @@ def create_app(engine: Engine, model_name: str, api_keys: Sequence[str] = ()) ->
     @app.post(CHAT, dependencies=authorized)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         server.check_model(body.model)
-        return await server.generate(request, body, [server.encode_chat(body)], CHAT)
+        tools = server.tool_use(body)
+        return await server.generate(request, body, [server.encode_messages(body.messages, tools.tools)], CHAT, tools)
 
     @app.post(COMPLETIONS, dependencies=authorized)
     async def completions(body: CompletionRequest, request: Request) -> Response:

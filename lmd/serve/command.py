@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
+from lmd.chat_templates import TOOL_FORMATS
 from lmd.engine_options import (
     CacheBlockSeqLenOpt,
     CacheMaxEntryCountOpt,
@@ -68,12 +69,22 @@ def serve_command(
     tp: TpOpt = None,
     enforce_eager: EnforceEagerOpt = False,
     log_level: Annotated[str, typer.Option(help=f"uvicorn log level: {', '.join(LOG_LEVELS)}.")] = "info",
+    tool_call_parser: Annotated[
+        str | None,
+        typer.Option(
+            help=f"How replies write tool calls: {', '.join(TOOL_FORMATS)} (vLLM's names). Default: the chat "
+            "template family's own format (qwen: hermes, llama3: llama3_json, mistral: mistral; hf: read from the "
+            "tokenizer's template)."
+        ),
+    ] = None,
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/models,
     /health, /metrics); see docs/serve.md."""
     check_port(port)
     if log_level not in LOG_LEVELS:
         raise LmdError(f"--log-level {log_level} is unknown; use one of {', '.join(LOG_LEVELS)}")
+    if tool_call_parser is not None and tool_call_parser not in TOOL_FORMATS:
+        raise LmdError(f"--tool-call-parser {tool_call_parser} is unknown; use one of {', '.join(TOOL_FORMATS)}")
     from lmd.engine_options import eager_overrides, open_chat_engine
     from lmd.turbomind.workspace import is_workspace
 
@@ -96,17 +107,18 @@ def serve_command(
     keys = [k for k in (api_keys or []) if k]
     overrides = {k: v for k, v in overrides.items() if v is not None} | eager_overrides(enforce_eager)
     with open_chat_engine(model, chat_template, overrides) as engine:
-        _run(engine, model_name or _default_name(model), keys, host, port, log_level)
+        _run(engine, model_name or _default_name(model), keys, host, port, log_level, tool_call_parser)
 
 
-def _run(engine: Any, name: str, keys: list[str], host: str, port: int, log_level: str) -> None:
+def _run(engine: Any, name: str, keys: list[str], host: str, port: int, log_level: str,
+         tool_call_parser: str | None) -> None:
     import uvicorn
     from rich.console import Console
     from rich.table import Table
 
     from lmd.serve.app import create_app
 
-    app = create_app(engine, name, keys)
+    app = create_app(engine, name, keys, tool_call_parser)
     stats, cfg = engine.stats(), engine.workspace.engine
     table = Table(title="lmd serve", show_header=False)
     shown_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
@@ -121,6 +133,7 @@ def _run(engine: Any, name: str, keys: list[str], host: str, port: int, log_leve
         ("KV blocks", f"{stats.blocks_total} x {cfg.cache_block_seq_len} tokens"),
         ("KV cache", "int8" if cfg.quant_policy == 4 else "compute dtype"),
         ("decode steps", _decode_mode(engine)),
+        ("tool calls", _tool_mode(engine, tool_call_parser)),
         ("API keys", f"{len(keys)} accepted" if keys else "none (open)"),
     ):
         table.add_row(key, str(value))
@@ -133,6 +146,14 @@ def _tp_mode(ws: Any) -> str:
     tp, deployed = ws.engine.tp, ws.model.tensor_para_size
     how = "its rank files" if tp == deployed else f"weights {'merged' if tp == 1 else 'split'} at load"
     return f"{tp} rank{'s' if tp > 1 else ''} ({how}; deployed with tp {deployed})"
+
+
+def _tool_mode(engine: Any, parser: str | None) -> str:
+    template = engine.chat_template
+    if not template.renders_tools(engine.tokenizer):
+        return f"none (template {template.name!r} has no tool format)"
+    parser = parser or template.tool_call_format(engine.tokenizer)
+    return f"{parser} (template {template.name!r})" if parser else "no parser known: pass --tool-call-parser"
 
 
 def _decode_mode(engine: Any) -> str:

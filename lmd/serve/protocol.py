@@ -7,9 +7,9 @@ fields that do not change the output (user, metadata, ...) are accepted and igno
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class StreamOptions(BaseModel):
@@ -22,10 +22,49 @@ class ContentPart(BaseModel):
     text: str | None = None
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str = Field(description="the call's arguments: a JSON object, as text")
+
+
+class ToolCallMessage(BaseModel):
+    """A call an earlier assistant turn made, sent back as part of the conversation."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: str
     content: str | list[ContentPart] | None = None
+    tool_calls: list[ToolCallMessage] | None = None  # assistant
+    tool_call_id: str | None = None  # tool: the call this message answers
+
+
+class FunctionDefinition(BaseModel):
+    name: str = Field(description="letters, digits, '_' and '-', at most 64")
+    description: str | None = None
+    parameters: dict[str, Any] | None = Field(None, description="a JSON schema of the arguments object")
+    strict: bool | None = None
+
+
+class ToolDefinition(BaseModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
 class SamplingRequest(BaseModel):
@@ -74,20 +113,20 @@ class ChatCompletionRequest(SamplingRequest):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
-    tools: list[Any] | None = None
-    tool_choice: Any = None
-    functions: list[Any] | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: ToolChoice | None = Field(None, description="default: auto with tools, none without")
+    parallel_tool_calls: bool = Field(True, description="false: at most one call per reply")
+    functions: list[Any] | None = None  # OpenAI's deprecated form of tools
+    function_call: Any = None
     response_format: dict[str, Any] | None = None
 
     def unsupported(self) -> tuple[str, str] | None:
         found = super().unsupported()
         if found is not None:
             return found
-        for name in ("tools", "functions"):
-            if getattr(self, name):
-                return name, f"{name} (function calling) is not supported; leave it out"
-        if self.tool_choice not in (None, "none"):
-            return "tool_choice", "tool_choice is not supported; leave it out"
+        for name in ("functions", "function_call"):
+            if getattr(self, name) is not None:
+                return name, f"{name} (OpenAI's deprecated function calling) is not supported; send tools and tool_choice"
         if self.response_format is not None and self.response_format.get("type", "text") != "text":
             return "response_format", "only response_format {'type': 'text'} is supported"
         if self.top_logprobs is not None and not self.logprobs:

@@ -7,7 +7,7 @@ from typing import Any
 
 from lmd.errors import LmdError
 from lmd.serve.errors import ApiError, bad_request
-from lmd.serve.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingRequest
+from lmd.serve.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
 from lmd.turbomind.gen_config import GenerationConfig
 
 _CONFIG_FIELD = re.compile(r"GenerationConfig\.(\w+)=")
@@ -50,41 +50,6 @@ def generation_config(request: ChatCompletionRequest | CompletionRequest, room: 
         return config
     except LmdError as exc:
         raise _renamed(str(exc), {name: field for name, (field, _) in values.items()}) from None
-
-
-def chat_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
-    """OpenAI messages -> the engine's {role, content} dicts (text parts joined; `developer` is a system message)."""
-    out = []
-    for i, message in enumerate(messages):
-        role = "system" if message.role == "developer" else message.role
-        if role not in ("system", "user", "assistant"):
-            raise bad_request(
-                f"messages.{i}.role",
-                f"messages.{i}.role={message.role!r} is not supported; use system, developer, user or assistant",
-            )
-        out.append({"role": role, "content": _text_of(message, i)})
-    if not out:
-        raise bad_request("messages", "messages is empty; send at least one message")
-    return out
-
-
-def _text_of(message: ChatMessage, index: int) -> str:
-    content = message.content
-    if content is None:
-        if message.role != "assistant":
-            raise bad_request(f"messages.{index}.content", f"messages.{index}.content is missing; send the text")
-        return ""
-    if isinstance(content, str):
-        return content
-    texts = []
-    for j, part in enumerate(content):
-        if part.type != "text" or part.text is None:
-            raise bad_request(
-                f"messages.{index}.content.{j}",
-                f"messages.{index}.content.{j} has type {part.type!r}; only text parts are supported",
-            )
-        texts.append(part.text)
-    return "".join(texts)
 
 
 def _stop_words(request: SamplingRequest) -> tuple[str, ...]:

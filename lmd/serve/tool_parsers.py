@@ -9,8 +9,8 @@ non-streamed answer exactly. Invariants:
 - A call is held until its JSON is complete, then released as one piece: a malformed call (bad JSON, no name, a
   function that was not offered, arguments that are not an object) is returned as plain content, streamed or not.
 - Text that may be the start of an opener (a partial `<tool_call>`) is held until it cannot be.
-- Separators between calls (whitespace, and ';' / ',' in the formats that use them) are held and dropped once a
-  call has been found; before any call they are ordinary content.
+- Separators next to a call (whitespace, and ';' / ',' in the formats that use them) are dropped; trailing ones are
+  held until it is known whether a call or more content follows (kept when the reply has no call).
 """
 
 from __future__ import annotations
@@ -77,6 +77,7 @@ class ToolCallParser:
         self._buffer = ""  # text not yet released
         self._in_call = False  # _buffer starts with an opener
         self._held = ""  # separators awaiting the next content or call
+        self._after_call = False  # separators here follow a call: dropped
 
     def feed(self, text: str) -> list[Piece]:
         self._buffer += text
@@ -137,8 +138,11 @@ class ToolCallParser:
         return longest
 
     def _content(self, text: str, out: list[Piece]) -> None:
+        if self._after_call:
+            text = text.lstrip(self.separators)
         if not text:
             return
+        self._after_call = False
         stripped = text.rstrip(self.separators)
         if not stripped.strip(self.separators):  # separators only: hold them
             self._held += text
@@ -151,7 +155,7 @@ class ToolCallParser:
         if calls is None:
             self._content(region, out)
             return
-        self._held = ""
+        self._held, self._after_call = "", True
         for name, arguments in calls:
             if self.max_calls is None or self.calls_found < self.max_calls:
                 out.append(ToolCall(self.calls_found, new_call_id(), name, json.dumps(arguments, ensure_ascii=False)))

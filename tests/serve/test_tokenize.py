@@ -35,7 +35,7 @@ def test_detokenize_round_trips(client):
 @pytest.mark.parametrize(("path", "body", "param", "words"), [
     ("/tokenize", {}, "prompt", "exactly one of prompt"),
     ("/tokenize", {"prompt": "x", "messages": [{"role": "user", "content": "y"}]}, "prompt", "exactly one"),
-    ("/tokenize", {"messages": [{"role": "tool", "content": "y"}]}, "messages.0.role", "tool"),
+    ("/tokenize", {"messages": [{"role": "robot", "content": "y"}]}, "messages.0.role", "robot"),
     ("/detokenize", {"tokens": [5, 10**7]}, "tokens", "outside the vocabulary"),
     ("/detokenize", {"tokens": "abc"}, "tokens", ""),
 ])
