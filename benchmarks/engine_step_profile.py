@@ -6,8 +6,8 @@ A random-weight Llama-2-7B-shaped workspace (benchmarks/engine.py's writer; int4
 runs greedy requests (256 prompt tokens, 64 new) through `Engine.step()` on this thread, with a timer around each
 host part of the step (none of them adds a synchronisation): scheduling, the decode graph's input copy (`_fill`), the
 replay call, resolving the previous step (its wait for the GPU included), queueing the sampling, and the text
-deltas. Then the GPU alone: the last decode step's graph replayed back to back, timed with CUDA events. "exposed
-host" = whole step - GPU alone: the time per step the GPU waits for the host (overlap's target: <= 0.1 ms).
+deltas; and the GPU's own time for each step's graph, from CUDA events recorded around the replay. "exposed host" =
+whole step - GPU (graph): the time per step the GPU waits for the host (overlap's target: <= 0.1 ms).
 Reports medians per decode step. Writes $OUT/engine_step_profile.json; prints a table last.
 """
 
@@ -45,36 +45,29 @@ def timed(timers: dict[str, list[float]], name: str, fn: Callable) -> Callable:
     return wrapper
 
 
-def gpu_alone(engine: Engine, chunks: list, iters: int = 20) -> float:
-    """ms per replay of the graph of `chunks`' bucket, back to back (no host work between replays)."""
-    graphs = engine.runner.graphs
-    b = graphs.bucket(len(chunks))
-    graphs._fill(chunks, b)
-    graph = graphs.graphs[b][0]
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / iters
+class EventTimedReplay:
+    """A graph's replay with CUDA events recorded on the stream before and after it (no synchronisation): the
+    GPU's own time for the step's graph, read after the run."""
+
+    def __init__(self, replay: Callable[[], None], pairs: list) -> None:
+        self.replay, self.pairs = replay, pairs
+
+    def __call__(self) -> None:
+        before, after = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        before.record()
+        self.replay()
+        after.record()
+        self.pairs.append((before, after))
 
 
 def profile(engine: Engine, batch: int, vocab: int, new_tokens: int) -> tuple[dict[str, float], list[list[int]]]:
     timers: dict[str, list[float]] = defaultdict(list)
     graphs = engine.runner.graphs
-    last: list = []
-    fill = graphs._fill
-
-    def recording_fill(chunks, b):
-        last[:] = [list(chunks)]
-        return fill(chunks, b)
-
-    graphs._fill = timed(timers, "input copy (_fill)", recording_fill)
+    graphs._fill = timed(timers, "input copy (_fill)", graphs._fill)
     replay_owner = {b: g for b, (g, _) in graphs.graphs.items()} if engine.runner.device.type == "cuda" else {}
+    pairs: list = []
     for g in replay_owner.values():
-        g.replay = timed(timers, "replay call", g.replay)
+        g.replay = timed(timers, "replay call", EventTimedReplay(g.replay, pairs))
     engine.scheduler.schedule = timed(timers, "schedule", engine.scheduler.schedule)
     engine._resolve_inflight = timed(timers, "resolve previous (wait)", engine._resolve_inflight)
     engine.sampler.launch = timed(timers, "queue sampling", engine.sampler.launch)
@@ -98,10 +91,19 @@ def profile(engine: Engine, batch: int, vocab: int, new_tokens: int) -> tuple[di
         delattr(owner, attribute)  # back to the class's method
     for g in replay_owner.values():
         del g.replay
-    if engine.runner.device.type == "cuda" and last:
-        out["GPU alone"] = gpu_alone(engine, last[0])
-        out["exposed host"] = out["whole step"] - out["GPU alone"]
+    if pairs:
+        torch.cuda.synchronize()
+        out["GPU (graph)"] = statistics.median(b.elapsed_time(a) for b, a in pairs[-decode - 1:-1])
+        out["exposed host"] = out["whole step"] - out["GPU (graph)"]
     return out, tokens
+
+
+def differing(a: list[list[int]], b: list[list[int]]) -> tuple[int, int]:
+    """(requests whose tokens differ, the earliest position of a difference; -1 if none)."""
+    firsts = [next((i for i, (x, y) in enumerate(zip(p, q, strict=True)) if x != y), -1)
+              for p, q in zip(a, b, strict=True)]
+    hits = [i for i in firsts if i >= 0]
+    return len(hits), min(hits, default=-1)
 
 
 def main() -> None:
@@ -111,13 +113,14 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--tiny", action="store_true", help="a tiny model on CPU (script check)")
-    p.add_argument("--async-output", default="both", choices=("on", "off", "both"),
-                   help="overlapped steps (the engine thread's default), step by step, or both (tokens compared)")
+    p.add_argument("--async-output", default="off,on",
+                   help="runs, each on a fresh engine: on = overlapped steps (the engine thread's default), off = "
+                        "step by step; every run's greedy tokens are compared with the first run's")
     args = p.parse_args()
     device = torch.device("cpu" if args.tiny else "cuda")
     shape = dict(TINY if args.tiny else LLAMA2_7B, num_hidden_layers=2 if args.tiny else args.layers)
     int4 = args.weights == "int4"
-    modes = ["off", "on"] if args.async_output == "both" else [args.async_output]
+    modes = args.async_output.split(",")
     results: dict[str, dict] = {}
     tokens: dict[str, dict[int, list[list[int]]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -127,30 +130,34 @@ def main() -> None:
             os.environ["LMD_W4A16_AUTOTUNE"] = "0"  # prefill (M > 16) on the default plans: not timed here
         sizes = [int(b) for b in args.batch_sizes.split(",")]
         dtype = "fp16" if device.type == "cuda" else "fp32"
-        for mode in modes:
+        for run, mode in enumerate(modes):
             with Engine(ws, start=False, device=str(device), dtype=dtype, max_batch_size=max(sizes),
                         session_len=1024, async_output=mode == "on") as engine:
                 if engine.runner.graphs is None:  # CPU: the graphs' static buffers, run eagerly
                     engine.runner.enable_decode_graphs(capture=False)
                 profile(engine, 1, shape["vocab_size"], 4)  # warm-up: first-use costs
                 runs = {b: profile(engine, b, shape["vocab_size"], args.new_tokens) for b in sizes}
-            results[mode] = {b: r for b, (r, _) in runs.items()}
-            tokens[mode] = {b: t for b, (_, t) in runs.items()}
-    same = {b: tokens["on"][b] == tokens["off"][b] for b in sizes} if len(modes) == 2 else {}
+            label = f"{run}: async_output {mode}"
+            results[label] = {b: r for b, (r, _) in runs.items()}
+            tokens[label] = {b: t for b, (_, t) in runs.items()}
+    first, *others = tokens
+    same = {other: {b: differing(tokens[first][b], tokens[other][b]) for b in sizes} for other in others}
     out = Path(os.environ.get("OUT", "."), "engine_step_profile.json")
     gpu = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     out.write_text(json.dumps(dict(gpu=gpu, weights=args.weights, layers=args.layers, rows=results,
                                    same_tokens=same), indent=1))
     name = "tiny" if args.tiny else "llama2-7b"
     print(f"\n{gpu}, {args.weights} {name} shape ({shape['num_hidden_layers']} layers): median ms per decode step")
-    for mode, rows in results.items():
-        print(f"async_output {mode}")
+    for label, rows in results.items():
+        print(label)
         names = list(dict.fromkeys(n for r in rows.values() for n in r if n != "decode steps"))
         print(f"{'part':26}" + "".join(f"{'batch ' + str(b):>11}" for b in rows))
         for part in names:
             print(f"{part:26}" + "".join(f"{r.get(part, 0.0):11.3f}" for r in rows.values()))
-    if same:
-        print("greedy tokens overlapped == step by step: " + ", ".join(f"batch {b}: {v}" for b, v in same.items()))
+    for other, by_batch in same.items():
+        print(f"greedy tokens of run {other} against run {first}: "
+              + ", ".join(f"batch {b}: {n} requests differ" + (f" (first at token {i})" if n else "")
+                          for b, (n, i) in by_batch.items()))
 
 
 if __name__ == "__main__":
