@@ -47,7 +47,7 @@ def group_of(name: str) -> str:
 def decoding_engine(ws: Path, args: argparse.Namespace, context: int, cuda_graph: bool, device: str) -> Engine:
     engine = Engine(ws, start=False, device=device, dtype="fp16" if device == "cuda" else "fp32",
                     max_batch_size=args.batch, session_len=context + 256, cache_max_entry_count=0.5,
-                    max_context_token_num=max(2048, context), cuda_graph=cuda_graph)
+                    max_context_token_num=max(2048, context), cuda_graph=cuda_graph, quant_policy=args.quant_policy)
     g = torch.Generator().manual_seed(context)
     gen = GenerationConfig(max_new_tokens=10**4, temperature=0, ignore_eos=True)
     vocab = engine.workspace.model.vocab_size
@@ -101,10 +101,12 @@ def main() -> None:
     p.add_argument("--contexts", default="128,1024")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--top", type=int, default=14, help="kernels listed per context")
+    p.add_argument("--quant-policy", type=int, default=0, choices=(0, 4), help="KV cache: 0 fp16, 4 online int8")
     args = p.parse_args()
     device = "cuda"
     contexts = [int(c) for c in args.contexts.split(",")]
-    results: dict = {"gpu": torch.cuda.get_device_name(), "batch": args.batch, "steps": args.steps, "contexts": {}}
+    results: dict = {"gpu": torch.cuda.get_device_name(), "batch": args.batch, "steps": args.steps,
+                     "quant_policy": args.quant_policy, "contexts": {}}
     with tempfile.TemporaryDirectory() as tmp:
         ws = build_workspace(Path(tmp, "ws"), LLAMA2_7B, False, 2048, torch.device(device))
         for context in contexts:
@@ -127,7 +129,8 @@ def main() -> None:
                                             "groups_ms": dict(groups), "kernels_ms": kernels}
     Path(os.environ.get("OUT", "."), "decode_step_kernels.json").write_text(json.dumps(results, indent=1))
     for context, r in results["contexts"].items():
-        print(f"\n{results['gpu']}, fp16 Llama-2-7B shape, batch {args.batch}, context {context}: "
+        kv = "int8" if args.quant_policy == 4 else "fp16"
+        print(f"\n{results['gpu']}, fp16 Llama-2-7B shape, KV {kv}, batch {args.batch}, context {context}: "
               f"graph replay {r['graph_replay_ms']:.3f} ms/step, eager kernels sum {r['kernel_sum_ms']:.3f} ms")
         for group, ms in sorted(r["groups_ms"].items(), key=lambda kv: -kv[1]):
             print(f"  {group:20} {ms:8.3f}")

@@ -1,7 +1,7 @@
 """Self-attention of one decoder layer: fused QKV (+bias), RoPE, KV write into the paged cache, paged attention, wo.
 
-RoPE and the KV write are one Triton kernel on CUDA (kernels/rotary.py, LMD_LAYER_OPS); the PyTorch path
-(rope.rotary_qkv_reference, KVCache.write) is the CPU path and its oracle."""
+RoPE and the KV write (float or online int8) are one Triton kernel on CUDA (kernels/rotary.py, LMD_LAYER_OPS); the
+PyTorch path (rope.rotary_qkv_reference, KVCache.write) is the CPU path and its oracle."""
 
 from __future__ import annotations
 
@@ -30,8 +30,13 @@ class Attention:
         if (kernel is not None and qkv.stride(-1) == 1 and cos.shape[-1] % 2 == 0 and cos.is_contiguous()
                 and sin.stride() == cos.stride()):
             slots = cache.float_slots(self.layer)  # float cache: K and V stored by the same kernel
+            codes = cache.online_int8_slots(self.layer)  # online int8: quantized and stored by it too
             if slots is not None:
                 q, _, _ = kernel.rotary_qkv_triton(qkv, cos, sin, self.q_heads, self.kv_heads, d, *slots, batch.slots)
+            elif codes is not None:
+                k_codes, v_codes, k_param, v_param = codes
+                q, _, _ = kernel.rotary_qkv_triton(qkv, cos, sin, self.q_heads, self.kv_heads, d, k_codes, v_codes,
+                                                   batch.slots, k_param, v_param)
             else:
                 q, k, v = kernel.rotary_qkv_triton(qkv, cos, sin, self.q_heads, self.kv_heads, d)
                 cache.write(self.layer, k, v, batch.slots)

@@ -54,6 +54,13 @@ class KVCache:
             codes.index_copy_(0, slots, kv_int8.quantize(x, scale[..., None], zero[..., None]))
             _flat(params).index_copy_(0, slots, torch.stack((scale, zero), dim=-1))
 
+    def online_int8_slots(self, layer: int) -> tuple[torch.Tensor, ...] | None:
+        """Codes of K and V as [slots, Hkv, D] and their params as [slots, Hkv, 2] views of an online int8 cache
+        (a kernel quantizes and stores new tokens there); None otherwise."""
+        if not self.int8 or self.static is not None:
+            return None
+        return _flat(self.k[layer]), _flat(self.v[layer]), _flat(self.k_param[layer]), _flat(self.v_param[layer])
+
     def float_slots(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """K and V of a float cache as [slots, Hkv, D] views (a kernel stores new tokens there); None for int8."""
         return None if self.int8 else (_flat(self.k[layer]), _flat(self.v[layer]))

@@ -1,12 +1,16 @@
 """Triton RoPE of the fused QKV projection, optionally writing the new keys and values into the paged KV cache.
 
     qkv [T, (Hq + 2 Hkv) D]  ->  q [T, Hq, D] rotated;  k [T, Hkv, D] rotated and v [T, Hkv, D]
-                                 either returned or stored at their slots of the (float) cache
+                                 either returned or stored at their slots of the cache: float, or online int8
+                                 (codes, and the fp16 (scale, zero) of each token and head beside them)
 
 The PyTorch reference is `lmd.turbomind.rope.rotary_qkv_reference`, then `KVCache.write` (rotate_half over the
 first `rot` columns, the rest passed through). The rotation is one fp32 FMA per element with a single rounding, so
 it can differ from the reference's (which rounds x*cos and rotate_half(x)*sin separately) by one unit in the last
 place. One program per (token, head): q heads, then k heads, then v heads (copied).
+
+Online int8 follows `kv_int8.online_params` and `kv_int8.quantize` operation for operation (fp32, IEEE division,
+fp16-rounded parameters, round half to even), so the codes and parameters equal `KVCache.write`'s.
 """
 
 from __future__ import annotations
@@ -17,9 +21,15 @@ import triton.language as tl
 
 
 @triton.jit
-def _rotary_qkv_kernel(qkv_ptr, cos_ptr, sin_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, stride_qkv, stride_cs,
-                       Q_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, D: tl.constexpr, ROT: tl.constexpr,
-                       BLOCK_D: tl.constexpr, TO_SLOTS: tl.constexpr):
+def _round_half_even(y):
+    r = tl.floor(y + 0.5)
+    return tl.where((r - y == 0.5) & (r - 2.0 * tl.floor(r * 0.5) != 0.0), r - 1.0, r)
+
+
+@triton.jit
+def _rotary_qkv_kernel(qkv_ptr, cos_ptr, sin_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, kp_ptr, vp_ptr, stride_qkv,
+                       stride_cs, Q_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, D: tl.constexpr, ROT: tl.constexpr,
+                       BLOCK_D: tl.constexpr, TO_SLOTS: tl.constexpr, INT8: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     d = tl.arange(0, BLOCK_D)
@@ -41,32 +51,59 @@ def _rotary_qkv_kernel(qkv_ptr, cos_ptr, sin_ptr, slot_ptr, q_ptr, k_ptr, v_ptr,
         row = t
         if TO_SLOTS:
             row = tl.load(slot_ptr + t)
-        if head < Q_HEADS + KV_HEADS:
-            tl.store(k_ptr + (row * KV_HEADS + head - Q_HEADS) * D + d, x.to(k_ptr.dtype.element_ty), mask=mask)
+        is_k = head < Q_HEADS + KV_HEADS
+        kv_head = tl.where(is_k, head - Q_HEADS, head - Q_HEADS - KV_HEADS)
+        if INT8:
+            xf = x.to(tl.float32)
+            hi = tl.max(tl.where(mask, xf, float("-inf")), axis=0)
+            lo = tl.min(tl.where(mask, xf, float("inf")), axis=0)
+            zero = ((hi + lo) / 2.0).to(tl.float16).to(tl.float32)
+            reach = tl.maximum(hi - zero, zero - lo)
+            scale = (tl.maximum(tl.math.div_rn(reach, 127.5), 6.2e-5) * (1 + 2.0 ** -10)).to(tl.float16)
+            scale = scale.to(tl.float32)
+            codes = tl.minimum(tl.maximum(_round_half_even(tl.math.div_rn(xf - zero, scale)), -128.0), 127.0)
+            codes = codes.to(tl.int8)
+            p = (row * KV_HEADS + kv_head) * 2
+            if is_k:
+                tl.store(k_ptr + (row * KV_HEADS + kv_head) * D + d, codes, mask=mask)
+                tl.store(kp_ptr + p, scale.to(tl.float16))
+                tl.store(kp_ptr + p + 1, zero.to(tl.float16))
+            else:
+                tl.store(v_ptr + (row * KV_HEADS + kv_head) * D + d, codes, mask=mask)
+                tl.store(vp_ptr + p, scale.to(tl.float16))
+                tl.store(vp_ptr + p + 1, zero.to(tl.float16))
+        elif is_k:
+            tl.store(k_ptr + (row * KV_HEADS + kv_head) * D + d, x.to(k_ptr.dtype.element_ty), mask=mask)
         else:
-            tl.store(v_ptr + (row * KV_HEADS + head - Q_HEADS - KV_HEADS) * D + d, x.to(v_ptr.dtype.element_ty),
-                     mask=mask)
+            tl.store(v_ptr + (row * KV_HEADS + kv_head) * D + d, x.to(v_ptr.dtype.element_ty), mask=mask)
 
 
 def rotary_qkv_triton(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_heads: int, kv_heads: int,
                       head_dim: int, k_cache: torch.Tensor | None = None, v_cache: torch.Tensor | None = None,
-                      slots: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                      slots: torch.Tensor | None = None, k_param: torch.Tensor | None = None,
+                      v_param: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """qkv [T, (Hq + 2 Hkv) D] (columns contiguous), cos/sin [T, rot] -> (q, k, v), [T, heads, D] each.
-    With k_cache/v_cache [slots, Hkv, D] (contiguous, float) and slots [T]: k and v go to those slots instead and
-    the returned k, v are the caches."""
+    With k_cache/v_cache [slots, Hkv, D] (contiguous, float or int8 codes) and slots [T]: k and v go to those slots
+    instead and the returned k, v are the caches; int8 codes need k_param/v_param [slots, Hkv, 2] fp16 (online
+    int8: scale, zero of each token and head)."""
     t = qkv.shape[0]
     rot = cos.shape[-1]
     q = torch.empty((t, q_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     to_slots = k_cache is not None
+    int8 = to_slots and k_cache.dtype == torch.int8  # type: ignore[union-attr]
     if to_slots:
         assert v_cache is not None and slots is not None and k_cache.is_contiguous() and v_cache.is_contiguous()
         k, v = k_cache, v_cache
     else:
         k = torch.empty((t, kv_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
         v = torch.empty_like(k)
+    if int8:
+        assert k_param is not None and v_param is not None and k_param.is_contiguous() and v_param.is_contiguous()
+        assert k_param.dtype == v_param.dtype == torch.float16 and k_param.shape[-1] == 2
     if t:
         _rotary_qkv_kernel[(t, q_heads + 2 * kv_heads)](
-            qkv, cos, sin, slots if to_slots else qkv, q, k, v, qkv.stride(0), cos.stride(0),
-            Q_HEADS=q_heads, KV_HEADS=kv_heads, D=head_dim, ROT=rot, BLOCK_D=triton.next_power_of_2(head_dim),
-            TO_SLOTS=to_slots, num_warps=1 if head_dim <= 128 else 2)
+            qkv, cos, sin, slots if to_slots else qkv, q, k, v, k_param if int8 else q, v_param if int8 else q,
+            qkv.stride(0), cos.stride(0), Q_HEADS=q_heads, KV_HEADS=kv_heads, D=head_dim, ROT=rot,
+            BLOCK_D=triton.next_power_of_2(head_dim), TO_SLOTS=to_slots, INT8=int8,
+            num_warps=1 if head_dim <= 128 else 2)
     return q, k, v

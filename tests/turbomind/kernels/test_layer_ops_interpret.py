@@ -85,6 +85,40 @@ def rotary_case(dtype: str, head_dim: int, rot: int, to_cache: bool) -> float:
     return max(_rel(q, q_ref), _rel(k_flat[slots], k_ref), _rel(v_flat[slots], v_ref))
 
 
+def rotary_int8_case(dtype: str, head_dim: int) -> dict[str, float]:
+    """Online int8 into the cache: codes and (scale, zero) exactly KVCache.write's of the kernel's own rotated k and
+    v (the rotation itself is checked against the reference above), other slots untouched."""
+    import torch
+
+    from lmd.turbomind.kernels.rotary import rotary_qkv_triton
+    from lmd.turbomind.kv_cache import KVCache
+    from lmd.turbomind.rope import rotary_qkv_reference
+
+    dt, t, hq, hkv = _dtype(dtype), 7, 4, 2
+    g = torch.Generator().manual_seed(head_dim)
+    qkv = (torch.randn(t, (hq + 2 * hkv) * head_dim, generator=g) * 3).to(dt)
+    qkv[2, -head_dim:] = 0.25  # a constant V head: zero range, the scale's floor
+    angles = torch.rand(t, head_dim // 2, generator=g) * 6
+    cos, sin = torch.cat((angles, angles), -1).cos().to(dt), torch.cat((angles, angles), -1).sin().to(dt)
+    q_ref, k_ref, v_ref = rotary_qkv_reference(qkv, cos, sin, hq, hkv, head_dim)
+    ref = KVCache(1, 4, 4, hkv, head_dim, dt, torch.device("cpu"), int8=True)
+    ours = KVCache(1, 4, 4, hkv, head_dim, dt, torch.device("cpu"), int8=True)
+    for c in (ref, ours):
+        for pool in (c.k[0], c.v[0]):
+            pool.fill_(55)
+        for pool in (c.k_param[0], c.v_param[0]):
+            pool.fill_(-3.0)
+    slots = torch.randperm(16, generator=g)[:t]
+    _, k, v = rotary_qkv_triton(qkv, cos, sin, hq, hkv, head_dim)
+    ref.write(0, k, v, slots)
+    q, _, _ = rotary_qkv_triton(qkv, cos, sin, hq, hkv, head_dim, *ours.online_int8_slots(0)[:2], slots,
+                                *ours.online_int8_slots(0)[2:])
+    codes = max((a.int() - b.int()).abs().max().item() for a, b in ((ours.k[0], ref.k[0]), (ours.v[0], ref.v[0])))
+    params = max((a.float() - b.float()).abs().max().item()
+                 for a, b in ((ours.k_param[0], ref.k_param[0]), (ours.v_param[0], ref.v_param[0])))
+    return {"q": _rel(q, q_ref), "params": params, "codes": codes, "k": _rel(k, k_ref)}
+
+
 def model_logits(ws: str) -> dict[str, float]:
     """A tiny model's logits (prefills, a decode beside a chunk, decodes) with LMD_LAYER_OPS=triton vs reference;
     float KV (RoPE kernel stores K/V) and online int8 KV (RoPE kernel, then KVCache.write)."""
@@ -109,11 +143,15 @@ ROTARY_CASES = {f"rotary-{d}-d{hd}-rot{r}-{'cache' if c else 'out'}": (d, hd, r,
                                     ("fp32", 24, 8, True))}
 
 
+ROTARY_INT8_CASES = {f"rotary-int8-{d}-d{hd}": (d, hd) for d, hd in (("fp32", 32), ("fp16", 64), ("fp16", 128))}
+
+
 def main(ws: str) -> None:
     assert os.environ.get("TRITON_INTERPRET") == "1", "run under TRITON_INTERPRET=1"
     jobs = {**{n: (lambda a=a: norm_case(*a)) for n, a in NORM_CASES.items()},
             **{n: (lambda a=a: silu_case(*a)) for n, a in SILU_CASES.items()},
             **{n: (lambda a=a: rotary_case(*a)) for n, a in ROTARY_CASES.items()},
+            **{n: (lambda a=a: rotary_int8_case(*a)) for n, a in ROTARY_INT8_CASES.items()},
             "model": lambda: model_logits(ws)}
     results = run_jobs(jobs)
     json.dump(results, sys.stdout)
@@ -143,6 +181,16 @@ def test_rotary_matches_reference(interpreted: dict, name: str) -> None:
     err = interpreted[name]
     assert isinstance(err, float), err
     assert err < ULP[ROTARY_CASES[name][0]] * 2, f"{name}: off by {err:.2e}"
+
+
+@pytest.mark.parametrize("name", ROTARY_INT8_CASES)
+def test_rotary_online_int8_write_matches_kv_cache_write(interpreted: dict, name: str) -> None:
+    err = interpreted[name]
+    assert isinstance(err, dict), err
+    assert err["q"] < ULP[ROTARY_INT8_CASES[name][0]] * 2, f"{name}: q off by {err['q']:.2e}"
+    assert err["k"] < ULP[ROTARY_INT8_CASES[name][0]] * 2, f"{name}: k off by {err['k']:.2e}"
+    assert err["params"] == 0.0, f"{name}: scale/zero differ by {err['params']:.2e} (same operations expected)"
+    assert err["codes"] == 0, f"{name}: codes differ by up to {err['codes']} (same operations expected)"
 
 
 # int8 KV: a key that differs by one fp32 rounding can land on the neighbouring code (1/255 of its range)
