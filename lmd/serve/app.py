@@ -32,7 +32,8 @@ from lmd.serve.protocol import (
 from lmd.serve.responses import ResponseBuilder, new_request_id
 from lmd.serve.sampling import generation_config
 from lmd.serve.streaming import AbortingEventStream, sse_event, unless_disconnected
-from lmd.serve.tools import ToolUse, tool_use
+from lmd.serve.structured_outputs import StructuredOutput, compile_structured_output, request_structured_output
+from lmd.serve.tools import ToolUse, tool_call_output, tool_use
 from lmd.turbomind.engine import Engine
 from lmd.turbomind.gen_config import GenerationConfig
 from lmd.turbomind.request_stream import RequestStream, Usage
@@ -132,8 +133,23 @@ class _Server:
                 out.append(list(prompt))
         return out
 
+    async def structured_output(self, body: ChatCompletionRequest | CompletionRequest,
+                                tools: ToolUse | None) -> StructuredOutput | None:
+        """The grammar the reply follows, compiled (cached per spec) in a worker thread: a first compile takes
+        ~0.4 s, which must not stall the event loop."""
+        output = request_structured_output(body)
+        if tools is not None and tools.forced:
+            if output is not None:
+                raise bad_request("tool_choice", f"this tool_choice forces the reply to be tool calls and "
+                                                 f"{output.field.split('.')[0]} asks for another format; send only "
+                                                 "one of them")
+            output = await asyncio.to_thread(tool_call_output, tools)
+        if output is not None:
+            await asyncio.to_thread(compile_structured_output, self.engine.grammar_compiler, output)
+        return output
+
     def configs(self, body: ChatCompletionRequest | CompletionRequest, prompts: list[list[int]],
-                field: str) -> list[GenerationConfig]:
+                field: str, structured: StructuredOutput | None = None) -> list[GenerationConfig]:
         """Every prompt is checked (and its config made) before any is submitted."""
         configs = []
         for i, prompt_ids in enumerate(prompts):
@@ -144,13 +160,14 @@ class _Server:
             if room < 1:
                 raise bad_request(name, f"{name} has {len(prompt_ids)} tokens; this server holds at most "
                                         f"{self.engine.max_len} per request (prompt + completion)")
-            configs.append(generation_config(body, room, self.engine.workspace.model.vocab_size))
+            configs.append(generation_config(body, room, self.engine.workspace.model.vocab_size, structured))
         return configs
 
     async def generate(self, request: Request, body: ChatCompletionRequest | CompletionRequest,
                        prompts: list[list[int]], endpoint: str, tools: ToolUse | None = None) -> Response:
         chat = endpoint == CHAT
-        configs = self.configs(body, prompts, "messages" if chat else "prompt")
+        structured = await self.structured_output(body, tools)
+        configs = self.configs(body, prompts, "messages" if chat else "prompt", structured)
         if tools is not None:
             configs = [tools.configure(c, body) for c in configs]  # type: ignore[arg-type]
         response_id = new_request_id(chat)
@@ -221,6 +238,8 @@ class _Server:
 
     def engine_failure(self) -> ApiError:
         error = self.engine.last_error
+        if error is None:  # the request alone ended with an error (its grammar refused a token); see the log
+            return ApiError(500, "the engine ended this request with an error (see the server log); retry it")
         _log.error("an engine step failed; its requests ended with an error", exc_info=error)
         return ApiError(500, f"the engine failed while generating: {error!r}; retry the request")
 

@@ -67,6 +67,19 @@ class NamedToolChoice(BaseModel):
 ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
+class JsonSchemaSpec(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | bool | None = Field(None, alias="schema", description="the JSON schema of the reply")
+    strict: bool | None = Field(None, description="false still constrains the reply, as vLLM does")
+
+
+class ResponseFormat(BaseModel):
+    type: str = Field(description="text, json_object or json_schema")
+    json_schema: JsonSchemaSpec | None = None
+
+
 class SamplingRequest(BaseModel):
     """Fields shared by /v1/chat/completions and /v1/completions (OpenAI's names, plus vLLM/LMDeploy extensions)."""
 
@@ -94,6 +107,12 @@ class SamplingRequest(BaseModel):
     logit_bias: dict[str, float] | None = None  # token id (as a string, OpenAI's JSON) -> bias in [-100, 100]
     min_p: float = 0.0  # extension (vLLM)
     best_of: int | None = None
+    response_format: ResponseFormat | None = None
+    guided_json: dict[str, Any] | str | None = Field(None, description="extension (vLLM): a JSON schema the reply "
+                                                                       "follows")
+    guided_regex: str | None = Field(None, description="extension (vLLM): a regex the reply matches")
+    guided_choice: list[str] | None = Field(None, description="extension (vLLM): the reply is one of these")
+    guided_grammar: str | None = Field(None, description="extension (vLLM): an EBNF grammar (root rule `root`)")
 
     def unsupported(self) -> tuple[str, str] | None:
         """(field, message) for the first option this server cannot honour, or None."""
@@ -118,7 +137,6 @@ class ChatCompletionRequest(SamplingRequest):
     parallel_tool_calls: bool = Field(True, description="false: at most one call per reply")
     functions: list[Any] | None = None  # OpenAI's deprecated form of tools
     function_call: Any = None
-    response_format: dict[str, Any] | None = None
 
     def unsupported(self) -> tuple[str, str] | None:
         found = super().unsupported()
@@ -127,8 +145,6 @@ class ChatCompletionRequest(SamplingRequest):
         for name in ("functions", "function_call"):
             if getattr(self, name) is not None:
                 return name, f"{name} (OpenAI's deprecated function calling) is not supported; send tools and tool_choice"
-        if self.response_format is not None and self.response_format.get("type", "text") != "text":
-            return "response_format", "only response_format {'type': 'text'} is supported"
         if self.top_logprobs is not None and not self.logprobs:
             return "top_logprobs", "top_logprobs needs logprobs=true"
         limits = (self.max_tokens, self.max_completion_tokens)

@@ -8,13 +8,16 @@ from typing import Any
 from lmd.errors import LmdError
 from lmd.serve.errors import ApiError, bad_request
 from lmd.serve.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
+from lmd.serve.structured_outputs import StructuredOutput
 from lmd.turbomind.gen_config import GenerationConfig
 
 _CONFIG_FIELD = re.compile(r"GenerationConfig\.(\w+)=")
 
 
-def generation_config(request: ChatCompletionRequest | CompletionRequest, room: int, vocab_size: int) -> GenerationConfig:
-    """`room`: tokens the engine can still generate after this prompt (the default max_tokens)."""
+def generation_config(request: ChatCompletionRequest | CompletionRequest, room: int, vocab_size: int,
+                      structured: StructuredOutput | None = None) -> GenerationConfig:
+    """`room`: tokens the engine can still generate after this prompt (the default max_tokens); `structured`: the
+    grammar the reply follows (response_format, guided_*, a forced tool call)."""
     found = request.unsupported()
     if found is not None:
         raise bad_request(*found)
@@ -43,6 +46,7 @@ def generation_config(request: ChatCompletionRequest | CompletionRequest, room: 
             request.logprobs_count,
         ),
         "skip_special_tokens": ("skip_special_tokens", request.skip_special_tokens),
+        "guided": ("guided", None) if structured is None else (structured.field, structured.spec),
     }
     try:
         config = GenerationConfig(**{name: value for name, (_, value) in values.items()})

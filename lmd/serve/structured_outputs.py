@@ -12,7 +12,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from lmd.errors import LmdError
 from lmd.serve.errors import bad_request
+from lmd.serve.protocol import SamplingRequest
 from lmd.turbomind.guided import CompiledGuide, GrammarCompiler, GuidedSpec, InvalidGuide
 
 RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")
@@ -52,6 +54,18 @@ def compile_structured_output(compiler: GrammarCompiler, output: StructuredOutpu
         return compiler.compile(output.spec)
     except InvalidGuide as exc:
         raise bad_request(output.field, f"{output.field} is invalid: {exc.reason}") from None
+    except LmdError as exc:  # xgrammar is not installed on this server
+        raise bad_request(output.field, f"{output.field} cannot be followed here: {exc}") from None
+
+
+def request_structured_output(body: SamplingRequest) -> StructuredOutput | None:
+    """The constraint a /v1/chat/completions or /v1/completions body asks for (protocol.SamplingRequest)."""
+    response_format = body.response_format
+    return structured_output(
+        response_format=None if response_format is None else response_format.model_dump(by_alias=True,
+                                                                                         exclude_unset=True),
+        guided_json=body.guided_json, guided_regex=body.guided_regex, guided_choice=body.guided_choice,
+        guided_grammar=body.guided_grammar)
 
 
 def _response_format(value: Any) -> StructuredOutput | None:

@@ -70,6 +70,14 @@ class ToolCallParser:
     separators = " \t\r\n"
     arguments_keys: tuple[str, ...] = ("arguments", "parameters")
     needs_special_tokens = False  # True: the opener is a special token, the reply must be detokenized with it
+    # How a forced call is written (tool_choice required / named; tools.tool_call_output builds the grammar):
+    # call_begin + {"name": ..., arguments_key: {...}} + call_end, calls joined by call_separator; or, with
+    # calls_in_array, call_begin + [call, call, ...].
+    call_begin = ""
+    call_end = ""
+    call_separator = "\n"
+    arguments_key = "arguments"
+    calls_in_array = False
 
     def __init__(self, tool_names: frozenset[str], max_calls: int | None = None) -> None:
         self.tool_names, self.max_calls = tool_names, max_calls
@@ -193,6 +201,8 @@ def _json_after(buffer: str, offset: int) -> int | None:
 class Llama3JsonParser(ToolCallParser):
     openers = ("<|python_tag|>", "{")
     separators = " \t\r\n;"
+    call_separator = "; "
+    arguments_key = "parameters"
 
     def _region_end(self, buffer: str) -> int | None:
         tag = self.openers[0]
@@ -205,6 +215,8 @@ class Llama3JsonParser(ToolCallParser):
 class HermesParser(ToolCallParser):
     openers = ("<tool_call>",)
     closer = "</tool_call>"
+    call_begin = "<tool_call>\n"
+    call_end = "\n</tool_call>"
 
     def _region_end(self, buffer: str) -> int | None:
         at = buffer.find(self.closer)
@@ -226,6 +238,10 @@ class MistralParser(ToolCallParser):
     openers = ("[TOOL_CALLS]",)
     separators = " \t\r\n,"
     needs_special_tokens = True
+    # Forced, the opener is written as text: the grammar's tokenizer view never allows a special token. The text
+    # detokenizes to the same "[TOOL_CALLS]" the parser looks for.
+    call_begin = "[TOOL_CALLS] "
+    calls_in_array = True
 
     def _region_end(self, buffer: str) -> int | None:
         return _json_after(buffer, len(self.openers[0]))

@@ -1,5 +1,6 @@
-"""Tool calling on /v1/chat/completions: the request's `tools` and `tool_choice` checked, what the template renders
-and which parser reads the reply back into `tool_calls`."""
+"""Tool calling on /v1/chat/completions: the request's `tools` and `tool_choice` checked, what the template renders,
+which parser reads the reply back into `tool_calls`, and for `required` / a named function the grammar that forces
+the reply to be calls in the family's own format (so the same parser always finds them)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from typing import Any
 
 from lmd.chat_templates import TOOL_FORMATS, ChatTemplate
 from lmd.serve.errors import bad_request
-from lmd.serve.protocol import ChatCompletionRequest, NamedToolChoice, ToolChoice
+from lmd.serve.protocol import ChatCompletionRequest, NamedToolChoice
+from lmd.serve.structured_outputs import StructuredOutput
 from lmd.serve.tool_parsers import TOOL_PARSERS, ToolCallParser
 from lmd.turbomind.gen_config import GenerationConfig
+from lmd.turbomind.guided import GuidedSpec, InvalidGuide, json_schema_ebnf
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
 
@@ -26,6 +29,7 @@ class ToolUse:
     parser: type[ToolCallParser] | None = None
     names: frozenset[str] = frozenset()
     max_calls: int | None = None
+    forced: tuple[int, ...] = ()  # indices into tools: the reply must call these (tool_choice required / named)
 
     def new_parser(self) -> ToolCallParser:
         assert self.parser is not None
@@ -56,7 +60,6 @@ def tool_use(body: ChatCompletionRequest, template: ChatTemplate, tokenizer: Any
         raise bad_request("tool_choice", "tool_choice needs tools; send the functions in tools or leave it out")
     if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
         raise bad_request("tool_choice", f"tool_choice names {choice.function.name!r}, which is not in tools")
-    check_tool_choice(choice)
     if not tools or choice == "none":
         return ToolUse()
     if not template.renders_tools(tokenizer):
@@ -67,16 +70,51 @@ def tool_use(body: ChatCompletionRequest, template: ChatTemplate, tokenizer: Any
     if name is None:
         raise bad_request("tools", "this model's chat template renders tools but does not say how its replies write "
                                    f"calls; start lmd serve with --tool-call-parser ({', '.join(TOOL_FORMATS)})")
+    forced: tuple[int, ...] = ()
+    if choice == "required":
+        forced = tuple(range(len(tools)))
+    elif isinstance(choice, NamedToolChoice):
+        forced = (names.index(choice.function.name),)
+    # A named function is called once, as OpenAI does; `required` makes one or more calls (one without parallel).
+    max_calls = 1 if isinstance(choice, NamedToolChoice) or not body.parallel_tool_calls else None
     return ToolUse([t.model_dump(exclude_none=True) for t in tools], TOOL_PARSERS[name], frozenset(names),
-                   None if body.parallel_tool_calls else 1)
+                   max_calls, forced)
 
 
-def check_tool_choice(choice: ToolChoice | None) -> None:
-    """`required` and a named function must constrain the reply to a valid call (structured outputs); until that is
-    wired in, they are refused rather than left to a model that may answer in prose."""
-    if choice == "required" or isinstance(choice, NamedToolChoice):
-        shown = "'required'" if choice == "required" else f"{{'type': 'function', 'function': {{'name': "\
-                                                          f"{choice.function.name!r}}}}}"  # type: ignore[union-attr]
-        raise bad_request("tool_choice", f"tool_choice={shown} needs the reply constrained to a valid call, which "
-                                         "this server does not do yet; send tool_choice 'auto' (the model decides) "
-                                         "or 'none'")
+def tool_call_output(use: ToolUse) -> StructuredOutput:
+    """The grammar of a forced reply: calls of the forced functions in the parser's format, each call's arguments
+    following its function's `parameters`; once the calls are complete only a stop token may follow. Builds each
+    call's JSON grammar with xgrammar (milliseconds): run it where compiling runs."""
+    assert use.parser is not None and use.tools is not None and use.forced
+    parser = use.parser
+    schemas, calls = [], []
+    for i in use.forced:
+        function = use.tools[i]["function"]
+        parameters = function.get("parameters")
+        schema = {"type": "object", "properties": {
+            "name": {"const": function["name"]},
+            parser.arguments_key: {"type": "object", "properties": {}} if parameters is None else parameters,
+        }, "required": ["name", parser.arguments_key]}
+        try:
+            grammar = json_schema_ebnf(schema)  # checks the parameters one function at a time, to name it
+        except InvalidGuide as exc:
+            raise bad_request(f"tools.{i}.function.parameters", f"tools.{i}.function.parameters is not a JSON schema "
+                                                                f"this server can follow: {exc.reason}") from None
+        schemas.append(schema)
+        calls.append(_sequence(parser.call_begin, {"type": "grammar", "grammar": grammar}, parser.call_end))
+    single = use.max_calls == 1
+    if parser.calls_in_array:
+        items = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+        array = {"type": "array", "items": items, "minItems": 1} | ({"maxItems": 1} if single else {})
+        tag_format = _sequence(parser.call_begin, {"type": "grammar", "grammar": json_schema_ebnf(array)}, "")
+    else:
+        one = calls[0] if len(calls) == 1 else {"type": "or", "elements": calls}
+        tag_format = one if single else {"type": "sequence", "elements": [one, {"type": "star", "content": {
+            "type": "sequence", "elements": [{"type": "const_string", "value": parser.call_separator}, one]}}]}
+    return StructuredOutput("tool_choice", GuidedSpec.from_structural_tag(tag_format))
+
+
+def _sequence(begin: str, content: dict[str, Any], end: str) -> dict[str, Any]:
+    elements = [*([{"type": "const_string", "value": begin}] if begin else []), content,
+                *([{"type": "const_string", "value": end}] if end else [])]
+    return elements[0] if len(elements) == 1 else {"type": "sequence", "elements": elements}

@@ -19,6 +19,7 @@ from lmd.errors import LmdError
 from lmd.turbomind.block_manager import BlockManager
 from lmd.turbomind.forward_batch import InflightIds
 from lmd.turbomind.gen_config import GenerationConfig
+from lmd.turbomind.guided import GrammarCompiler
 from lmd.turbomind.model_runner import ModelRunner
 from lmd.turbomind.request_state import RequestState
 from lmd.turbomind.request_stream import RequestStream
@@ -67,6 +68,8 @@ class Engine:
         self.scheduler = Scheduler(self.block_manager, cfg.max_batch_size, cfg.max_context_token_num, cfg.step_length)
         self.sampler = Sampler()
         self.eos_ids = tuple(dict.fromkeys(ws.model.end_ids + self._template_stop_ids()))
+        # Structured outputs; xgrammar is imported (and the vocabulary read) by the first guided request only.
+        self.grammar_compiler = GrammarCompiler(self.tokenizer, ws.model.vocab_size, self.eos_ids)
         self.max_len = min(cfg.session_len, self.runner.num_blocks * cfg.cache_block_seq_len)
         self._states: dict[int, RequestState] = {}
         self._seq_of: dict[object, int] = {}
@@ -92,6 +95,8 @@ class Engine:
         """Queue a request; iterate the returned stream (`for` or `async for`) for its deltas."""
         config = gen_config or GenerationConfig()
         config.check_vocab(self.workspace.model.vocab_size)
+        matcher = None if config.guided is None else self.grammar_compiler.matcher(config.guided,
+                                                                                   config.stop_token_ids)
         token_ids = self.encode(prompt, apply_chat_template)
         if not token_ids:
             raise LmdError("the prompt is empty; give text, messages or at least one token id")
@@ -108,7 +113,7 @@ class Engine:
             if request_id in self._seq_of:
                 raise LmdError(f"request_id {request_id!r} is already running; use a new id")
             stream = RequestStream(request_id, self.abort)
-            state = RequestState(request_id, seq, config, self.tokenizer, self.eos_ids, self.max_len, stream)
+            state = RequestState(request_id, seq, config, self.tokenizer, self.eos_ids, self.max_len, stream, matcher)
             self._seq_of[request_id] = seq.seq_id
             self._inbox.append(lambda: self._admit(state))
             self._cv.notify()

@@ -8,8 +8,12 @@ sampler beside the config.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from lmd.errors import LmdError
+
+if TYPE_CHECKING:
+    from lmd.turbomind.guided import GuidedSpec
 
 MAX_LOGPROBS = 64
 MAX_TEMPERATURE = 2.0
@@ -47,6 +51,8 @@ class GenerationConfig:
     stop_words: tuple[str, ...] = ()
     logprobs: int | None = None  # None: off; 0: the chosen token only; k: also the k most likely alternatives
     skip_special_tokens: bool = True
+    # Structured output: the reply follows this grammar and ends (finish "stop") as soon as the grammar is complete.
+    guided: GuidedSpec | None = None
 
     def __post_init__(self) -> None:
         # Lists are accepted for convenience; the frozen config stores tuples so it stays hashable.
@@ -111,6 +117,19 @@ class GenerationConfig:
             raise _fail("logprobs", self.logprobs, f"None (off) or an integer in [0, {MAX_LOGPROBS}]")
         if not isinstance(self.skip_special_tokens, bool):
             raise _fail("skip_special_tokens", self.skip_special_tokens, "True or False")
+        if self.guided is not None:
+            self._validate_guided()
+
+    def _validate_guided(self) -> None:
+        from lmd.turbomind.guided import GuidedSpec  # imports torch: only for guided configs
+
+        if not isinstance(self.guided, GuidedSpec):
+            raise _fail("guided", self.guided, "None or a GuidedSpec (lmd.turbomind.guided)")
+        # The grammar decides where the reply ends: once complete it allows only stop tokens, which min_new_tokens
+        # would forbid, leaving no token at all.
+        if self.min_new_tokens:
+            raise _fail("min_new_tokens", self.min_new_tokens, "0 with a structured output (guided): the grammar "
+                                                               "decides where the reply ends")
 
     def check_vocab(self, vocab_size: int) -> None:
         """Token ids this config names must exist in the model's vocabulary (checked at admission)."""

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     import xgrammar
     from transformers import PreTrainedTokenizerBase
 
-GuidedKind = Literal["json_object", "json_schema", "regex", "choice", "grammar"]
+GuidedKind = Literal["json_object", "json_schema", "regex", "choice", "grammar", "structural_tag"]
 GUIDED_KINDS: tuple[str, ...] = get_args(GuidedKind)
 MAX_CACHED_GRAMMARS = 256
 MAX_REASON = 200  # xgrammar's parse errors may quote the whole schema back
@@ -55,7 +55,8 @@ class InvalidGuide(LmdError):
 @dataclass(frozen=True)
 class GuidedSpec:
     """`value`: the schema as a JSON string, the regex, the EBNF (root rule `root`), the choices as a JSON list of
-    strings, or "" for json_object (any JSON object)."""
+    strings, xgrammar's structural tag as JSON (`{"type": "structural_tag", "format": ...}`: how tool calls are
+    forced), or "" for json_object (any JSON object)."""
 
     kind: GuidedKind
     value: str = ""
@@ -79,6 +80,12 @@ class GuidedSpec:
     @classmethod
     def from_choices(cls, choices: Sequence[str]) -> GuidedSpec:
         return cls("choice", json.dumps(list(choices), ensure_ascii=False))
+
+    @classmethod
+    def from_structural_tag(cls, tag_format: dict[str, Any]) -> GuidedSpec:
+        """`tag_format`: one of xgrammar's structural-tag formats (sequence, or, tag, const_string, grammar, ...)."""
+        return cls("structural_tag", json.dumps({"type": "structural_tag", "format": tag_format}, ensure_ascii=False,
+                                                separators=(",", ":")))
 
 
 @dataclass(frozen=True, eq=False)
@@ -146,11 +153,11 @@ class GrammarCompiler:
                 return compiler.compile_regex(spec.value)
             if spec.kind == "choice":
                 return compiler.compile_grammar(choice_grammar(spec.value))
+            if spec.kind == "structural_tag":
+                return compiler.compile_structural_tag(spec.value)
             return compiler.compile_grammar(spec.value)
         except (RuntimeError, ValueError, TypeError) as exc:
-            text = str(exc).strip()
-            reason = _XGR_PREFIX.sub("", text).splitlines()[0] if text else type(exc).__name__
-            raise InvalidGuide(spec.kind, reason[:MAX_REASON]) from None
+            raise InvalidGuide(spec.kind, _reason(exc)) from None
 
     def _xgr_compiler(self) -> xgrammar.GrammarCompiler:
         with self._lock:
@@ -271,6 +278,16 @@ def choice_grammar(choices_json: str) -> str:
     return "root ::= " + " | ".join(_ebnf_literal(c) for c in dict.fromkeys(choices))
 
 
+def json_schema_ebnf(schema: dict[str, Any] | bool) -> str:
+    """The EBNF of a JSON schema, laid out as the json_schema kind lays it out (no free whitespace, strict): the
+    content of a structural tag's `grammar` format, whose own `json_schema` format always allows free whitespace."""
+    xgr = import_xgrammar()
+    try:
+        return str(xgr.Grammar.from_json_schema(json.dumps(schema, ensure_ascii=False), any_whitespace=False))
+    except (RuntimeError, ValueError, TypeError) as exc:
+        raise InvalidGuide("json_schema", _reason(exc)) from None
+
+
 def import_xgrammar() -> Any:
     try:
         import xgrammar
@@ -290,6 +307,11 @@ def _ebnf_literal(text: str) -> str:
         else:
             escaped.append(ch)
     return '"' + "".join(escaped) + '"'
+
+
+def _reason(exc: Exception) -> str:
+    text = str(exc).strip()
+    return (_XGR_PREFIX.sub("", text).splitlines()[0] if text else type(exc).__name__)[:MAX_REASON]
 
 
 def _bit(index: int) -> int:

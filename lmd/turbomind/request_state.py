@@ -1,6 +1,9 @@
-"""One request's post-processing on the engine thread: sampled token -> stop checks -> text delta -> stream."""
+"""One request's post-processing on the engine thread: sampled token -> grammar, stop checks -> text delta -> stream."""
 
 from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
 
 from lmd.turbomind.detokenizer import IncrementalDetokenizer
 from lmd.turbomind.gen_config import GenerationConfig
@@ -9,11 +12,20 @@ from lmd.turbomind.sampler import SamplingRow, request_generator
 from lmd.turbomind.sequence import Sequence
 from lmd.turbomind.stop_strings import StopStringMatcher
 
+if TYPE_CHECKING:
+    from lmd.turbomind.guided import GuidedMatcher
+
+_log = logging.getLogger("lmd.engine")
+
 
 class RequestState:
     def __init__(self, request_id: object, seq: Sequence, config: GenerationConfig, tokenizer: object,
-                 eos_ids: tuple[int, ...], max_len: int, stream: RequestStream) -> None:
+                 eos_ids: tuple[int, ...], max_len: int, stream: RequestStream,
+                 matcher: GuidedMatcher | None = None) -> None:
         self.request_id, self.seq, self.config, self.stream = request_id, seq, config, stream
+        # The grammar state after the accepted tokens. It lives here rather than on the sequence's KV, so preemption
+        # (recomputing the KV) and prefix reuse leave it as it is.
+        self.matcher = matcher
         self.eos_ids, self.max_len = eos_ids, max_len
         self.detokenizer = IncrementalDetokenizer(tokenizer, seq.token_ids, config.skip_special_tokens)
         self.stop_strings = StopStringMatcher(config.stop_words)
@@ -21,13 +33,21 @@ class RequestState:
         self.finished = False  # set by the engine when it frees the request
 
     def sampling_row(self) -> SamplingRow:
-        return SamplingRow(self.config, self.seq.token_ids, self.seq.num_generated, self.generator, self.eos_ids)
+        return SamplingRow(self.config, self.seq.token_ids, self.seq.num_generated, self.generator, self.eos_ids,
+                           self.matcher)
 
     def accept(self, token: int) -> str | None:
-        """Append the sampled token; the finish decided by ids alone (stop or eos token, length), else None. The
-        scheduler needs this before the next step; the text (`delta`) may come later."""
+        """Append the sampled token (and advance the grammar); the finish decided by ids alone (stop or eos token,
+        length, "error" for a token the grammar refuses), else None. The scheduler needs this before the next step,
+        and the next step's sampling row the advanced grammar; the text (`delta`) may come later."""
         seq, config = self.seq, self.config
         seq.token_ids.append(token)
+        if self.matcher is not None and not self.matcher.accept(token):
+            # The sampler only draws allowed tokens, so this is a bug (or a mask the logits made all -inf): the
+            # request ends with "error" rather than continuing off its grammar.
+            _log.error("request %r: the grammar refused sampled token %d; the request ends with an error",
+                       self.request_id, token)
+            return "error"
         if token in config.stop_token_ids or (token in self.eos_ids and not config.ignore_eos):
             return "stop"
         if seq.num_generated >= config.max_new_tokens or len(seq) >= self.max_len:
@@ -36,9 +56,10 @@ class RequestState:
 
     def delta(self, token: int, logprob: float | None, top: list[tuple[int, float]] | None,
               finish: str | None) -> Delta:
-        """The text delta of an accepted token; a stop string may end the request here (finish "stop")."""
-        is_stop_token = finish == "stop"
-        text, hit = self.stop_strings.push("" if is_stop_token else self.detokenizer.push(token))
+        """The text delta of an accepted token; a stop string may end the request here (finish "stop"). A stop token
+        and a token the grammar refused ("error") add no text."""
+        silent = finish in ("stop", "error")
+        text, hit = self.stop_strings.push("" if silent else self.detokenizer.push(token))
         if hit:
             finish = "stop"
         elif finish is not None:

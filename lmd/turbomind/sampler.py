@@ -5,8 +5,12 @@ Order of operations per row (vLLM / LMDeploy / HF order):
   2. presence and frequency penalties over the generated tokens (OpenAI's definitions, as vLLM applies them:
      logit -= frequency_penalty * count + presence_penalty * (count > 0)), then logit_bias added;
   3. while fewer than `min_new_tokens` are generated, the row's eos ids and stop token ids are masked to -inf;
-  4. greedy rows (`temperature == 0` or `top_k == 1`) take the argmax;
-  5. sampled rows: divide by temperature, keep the top-k logits (ties with the k-th kept, as HF's TopKLogitsWarper)
+  4. guided rows (a structured output): tokens their grammar does not allow next are masked to -inf, from one
+     bitmask for the batch's guided rows, filled on the host by each row's matcher (already advanced past every
+     accepted token: the rows are built after the previous step is resolved) and queued to the device; a complete
+     grammar allows only the stop tokens. Guided configs have min_new_tokens = 0, so 3 and 4 never meet;
+  5. greedy rows (`temperature == 0` or `top_k == 1`) take the argmax;
+  6. sampled rows: divide by temperature, keep the top-k logits (ties with the k-th kept, as HF's TopKLogitsWarper)
      and those whose probability is at least min_p times the top one's, renormalise, keep the smallest prefix of the
      sorted distribution whose mass reaches top_p (the top token always stays), and draw one token by inverse CDF
      with a single uniform number from the row's own generator.
@@ -25,12 +29,16 @@ from __future__ import annotations
 import itertools
 from array import array
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from lmd.errors import LmdError
 from lmd.turbomind.gen_config import GenerationConfig
 from lmd.turbomind.kernels.host_copy import to_device
+
+if TYPE_CHECKING:
+    from lmd.turbomind.guided import GuidedMatcher
 
 MIN_TEMPERATURE = 1e-5
 
@@ -42,6 +50,7 @@ class SamplingRow:
     num_generated: int
     generator: torch.Generator | None
     eos_ids: tuple[int, ...]
+    guided: GuidedMatcher | None = None  # the request's grammar state, when it has a structured output
 
 
 @dataclass
@@ -127,6 +136,7 @@ class Sampler:
         _apply_presence_frequency(processed, rows)
         _apply_logit_bias(processed, rows)
         _mask_early_stop(processed, rows)
+        _apply_guided(processed, rows)
 
         device = raw.device
         chosen = torch.empty(len(rows), dtype=torch.long, device=device)
@@ -162,7 +172,8 @@ def _plain_greedy(row: SamplingRow) -> bool:
     """Greedy with nothing that changes the logits or asks for logprobs: the argmax of the raw logits."""
     config = row.config
     return (config.is_greedy and config.repetition_penalty == 1.0 and config.logprobs is None
-            and row.num_generated >= config.min_new_tokens and not _has_openai_penalty(config) and not config.logit_bias)
+            and row.num_generated >= config.min_new_tokens and not _has_openai_penalty(config) and not config.logit_bias
+            and row.guided is None)
 
 
 def _has_openai_penalty(config: GenerationConfig) -> bool:
@@ -226,6 +237,25 @@ def _mask_early_stop(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
     if pairs:
         index = to_device([x for pair in pairs for x in pair], torch.int64, logits.device).view(-1, 2)
         logits[index[:, 0], index[:, 1]] = float("-inf")
+
+
+def _apply_guided(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
+    """Each guided row's grammar as a bitmask: filled on the host, one pinned copy to the device, one masking."""
+    guided = [i for i, row in enumerate(rows) if row.guided is not None]
+    if not guided:
+        return
+    from lmd.turbomind.guided import allocate_bitmask, apply_bitmask
+
+    bitmask = allocate_bitmask(len(guided), logits.shape[1])
+    masked = [slot for slot, i in enumerate(guided) if rows[i].guided.fill_next_token_bitmask(bitmask, slot)]  # type: ignore[union-attr]
+    if not masked:
+        return
+    device = logits.device
+    index = to_device([guided[slot] for slot in masked], torch.int64, device)
+    words = to_device(bitmask[masked] if len(masked) < len(guided) else bitmask, torch.int32, device)
+    picked = logits[index]
+    apply_bitmask(picked, words)
+    logits[index] = picked
 
 
 def _sample_top_k_top_p(logits: torch.Tensor, configs: list[GenerationConfig], uniforms: torch.Tensor) -> torch.Tensor:

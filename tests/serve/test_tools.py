@@ -135,8 +135,9 @@ def test_parser_flag_overrides_the_family(engine, forced):
 
 
 @pytest.mark.parametrize(("changes", "param", "words"), [
-    ({"tool_choice": "required"}, "tool_choice", "'auto'"),
-    ({"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "tool_choice", "'none'"),
+    ({"tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice", "only one"),
+    ({"tool_choice": "required", "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "nonsense"}}}]}, "tools.0.function.parameters", "nonsense"),
     ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice", "not in tools"),
     ({"tools": None, "tool_choice": "auto"}, "tool_choice", "needs tools"),
     ({"tool_choice": "sometimes"}, "tool_choice", "sometimes"),
@@ -156,9 +157,10 @@ def test_bad_tool_requests_are_400s(client, changes, param, words):
     assert error["param"] == param and words in error["message"], error
 
 
-def test_the_client_sees_the_tool_choice_refusal(openai_client):
-    with pytest.raises(openai.BadRequestError, match="tool_choice"):
-        openai_client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required")
+def test_the_client_sees_a_tool_choice_refusal(openai_client):
+    with pytest.raises(openai.BadRequestError, match="not in tools"):
+        openai_client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS,
+                                              tool_choice={"type": "function", "function": {"name": "nope"}})
 
 
 def test_a_template_without_tools_refuses_them(client, engine, monkeypatch):

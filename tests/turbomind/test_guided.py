@@ -333,8 +333,9 @@ def test_apply_bitmask_checks_shapes():
     assert torch.equal(logits, torch.zeros(2, 64))
 
 
-def test_lmd_runs_without_xgrammar():
-    """The GPU machine has no xgrammar: the engine, the server and unguided paths import and run without it."""
+def test_lmd_runs_without_xgrammar(tiny_llama_ws):
+    """The GPU machine has no xgrammar: the engine, the server and unguided requests import and run without it; a
+    guided request is an LmdError at generate time."""
     code = """
 import sys
 sys.modules["xgrammar"] = None
@@ -347,16 +348,23 @@ assert structured_output(response_format={"type": "json_object"}).spec == Guided
 logits = torch.zeros(1, 40)
 apply_bitmask(logits, allocate_bitmask(1, 40) * 0, torch.tensor([0]))
 assert (logits == float("-inf")).all()
-class Tok:
-    eos_token_id = 2
-compiler = GrammarCompiler(Tok(), 40)
-try:
-    compiler.compile(GuidedSpec("regex", "a"))
-except LmdError as exc:
-    assert "pip install xgrammar" in str(exc), exc
-else:
-    raise AssertionError("compiled without xgrammar")
+from lmd.turbomind.engine import Engine
+from lmd.turbomind.gen_config import GenerationConfig
+engine = Engine(WORKSPACE, start=False, cache_block_seq_len=4, max_context_token_num=24,
+                cache_max_entry_count=64)
+stream = engine.generate([5, 6, 7], GenerationConfig(max_new_tokens=4, temperature=0, ignore_eos=True))
+while engine.step():
+    pass
+assert len(stream.result().token_ids) == 4
+for attempt in (lambda: engine.grammar_compiler.compile(GuidedSpec("regex", "a")),
+                lambda: engine.generate([5, 6, 7], GenerationConfig(guided=GuidedSpec("json_object")))):
+    try:
+        attempt()
+    except LmdError as exc:
+        assert "pip install xgrammar" in str(exc), exc
+    else:
+        raise AssertionError("a grammar without xgrammar")
 assert "xgrammar" not in [m for m, v in sys.modules.items() if v is not None]
-"""
+""".replace("WORKSPACE", repr(str(tiny_llama_ws[1])))
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
