@@ -1,24 +1,31 @@
-"""Decode ms per token beside LMDeploy's PyTorch engine, in one call: the same random Llama-2-7B-shaped fp16 weights,
-128 prompt / 128 output tokens, greedy, EOS ignored, batch 1 / 16 / 64 (issue 14's table).
+"""Decode ms per token beside LMDeploy's PyTorch engine and gpt-fast, in one call: the same random Llama-2-7B-shaped
+fp16 weights, 128 prompt / 128 output tokens, greedy, EOS ignored, batch 1 / 16 / 64 (issue 14's table).
 
-    python3 benchmarks/decode_vs_lmdeploy.py [--batch-sizes 1,16,64] [--peers .peers]
-    python3 benchmarks/decode_vs_lmdeploy.py --tiny      # a tiny model on CPU, lmd only: checks the script
+    python3 benchmarks/decode_vs_lmdeploy.py [--batch-sizes 1,16,64] [--gpt-fast-batch-sizes 1,16] [--peers .peers]
+    python3 benchmarks/decode_vs_lmdeploy.py --tiny --peers ../shared/peers   # tiny model on CPU: checks the script
 
 lmd runs through `lmd.bench.latency` with deferred output off and on (engine option `async_output`) and CUDA graphs
 on; its start-up time (weights + graph capture of every batch bucket) is recorded. LMDeploy 0.18.0 (PyTorch engine,
 CUDA graphs, installed from `<peers>/lmdeploy-pt-0.18/wheels` into /tmp/site, see ../shared/peers/README.md) runs in a
 child process on an HF checkpoint rebuilt from lmd's workspace (`reconstruct_hf_state_dict`), fed token ids through
 its async engine; its decode interval per request is (time of the last token - time of the first) / (tokens - 1),
-lmd.bench's definition. Writes $OUT/decode_vs_lmdeploy.json and prints a table last.
+lmd.bench's definition. gpt-fast (`<peers>/gpt-fast/model.py`, decode step under torch.compile reduce-overhead,
+static KV cache) runs in another child, `benchmarks/gpt_fast_peer.py`, on lmd's exact weights, at
+`--gpt-fast-batch-sizes` (its compile takes ~2 min for the first batch size and recompiles for each further one;
+`--no-gpt-fast` skips it). A peer that fails or times out is reported in the table and the JSON, never fatal.
+`--tiny` runs lmd and gpt-fast (eager, no torch.compile) on CPU; LMDeploy is skipped there.
+Writes $OUT/decode_vs_lmdeploy.json and prints a table last.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -117,19 +124,56 @@ def run_lmdeploy(hf_dir: Path, args: argparse.Namespace) -> dict:
     if not wheels:
         return {"skipped": f"no LMDeploy wheels under {args.peers}/lmdeploy-pt-0.18/wheels"}
     site = "/tmp/site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                    "--no-cache-dir", "--upgrade", "--target", site, *map(str, wheels)], check=True)
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                          "--no-cache-dir", "--upgrade", "--target", site, *map(str, wheels)])
+    if pip.returncode != 0:
+        return {"failed": f"pip install of the LMDeploy wheels: exit code {pip.returncode}"}
     out = Path(tempfile.mkdtemp()) / "lmdeploy.json"
     cmd = [sys.executable, __file__, "--lmdeploy-child", str(hf_dir), "--child-out", str(out),
            "--batch-sizes", ",".join(map(str, args.batch_sizes)), "--warmup", str(args.warmup),
            "--iters", str(args.iters), "--seed", str(args.seed)]
     env = {**os.environ, "PYTHONPATH": site + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    done = subprocess.run(cmd, env=env, timeout=args.peer_timeout)
-    if done.returncode != 0:
-        return {"failed": f"exit code {done.returncode}"}
-    result = json.loads(out.read_text())
-    result["rows"] = {int(b): row for b, row in result["rows"].items()}
+    return run_child(cmd, out, args.peer_timeout, env)
+
+
+def run_child(cmd: list[str], out: Path, timeout: float, env: dict | None = None) -> dict:
+    """A peer's child process: its result JSON, or what went wrong (with any rows it wrote before); never raises."""
+    start = time.perf_counter()
+    failed = None
+    try:
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True)  # its own group: a timeout ends its workers too
+        try:
+            code = proc.wait(timeout=timeout)
+            failed = None if code == 0 else f"exit code {code}"
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            failed = f"timed out after {timeout} s"
+    except OSError as exc:
+        failed = f"cannot start: {exc}"
+    try:
+        result = json.loads(out.read_text())
+    except (OSError, ValueError):
+        result = {}
+    if "rows" in result:
+        result["rows"] = {int(b): row for b, row in result["rows"].items()}
+    if failed:
+        result["failed"] = failed
+    result["child_wall_s"] = time.perf_counter() - start
     return result
+
+
+def run_gpt_fast(ws: Path, args: argparse.Namespace, shape: dict, device: str) -> dict:
+    folder = Path(args.peers, "gpt-fast")
+    if not (folder / "model.py").is_file():
+        return {"skipped": f"no gpt-fast under {folder} (model.py)"}
+    out = Path(tempfile.mkdtemp()) / "gpt_fast.json"
+    cmd = [sys.executable, str(Path(__file__).with_name("gpt_fast_peer.py")), "--gpt-fast-dir", str(folder),
+           "--workspace", str(ws), "--shape", json.dumps(shape), "--out", str(out), "--device", device,
+           "--batch-sizes", ",".join(map(str, args.gpt_fast_batch_sizes)), "--warmup", str(args.warmup),
+           "--iters", str(args.iters), "--seed", str(args.seed)]
+    return run_child(cmd + (["--no-compile"] if device == "cpu" else []), out, args.gpt_fast_timeout)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -141,20 +185,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--peers", default=".peers", help="folder holding lmdeploy-pt-0.18/ (a copy of ../shared/peers)")
     p.add_argument("--no-peer", action="store_true", help="lmd only")
     p.add_argument("--peer-timeout", type=int, default=300, help="seconds the LMDeploy child may take")
-    p.add_argument("--tiny", action="store_true", help="tiny model on CPU, lmd only (script check)")
+    p.add_argument("--no-gpt-fast", action="store_true", help="skip gpt-fast")
+    p.add_argument("--gpt-fast-batch-sizes", default="1,16", help="gpt-fast's batch sizes (each one compiles)")
+    p.add_argument("--gpt-fast-timeout", type=int, default=330,
+                   help="seconds the gpt-fast child may take (weights ~30 s + ~2 min of compile per batch size)")
+    p.add_argument("--tiny", action="store_true",
+                   help="tiny model on CPU: lmd, and gpt-fast eager from <peers>/gpt-fast (script check)")
     p.add_argument("--switch-interval-ms", type=float, default=None,
                    help="an experiment: the interpreter's GIL switch interval for the lmd runs (Python's default 5)")
     p.add_argument("--lmdeploy-child", help=argparse.SUPPRESS)
     p.add_argument("--child-out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    args.gpt_fast_batch_sizes = [int(b) for b in args.gpt_fast_batch_sizes.split(",")]
     if args.tiny:
-        args.batch_sizes, args.iters, args.no_peer = [1, 4], 1, True
+        args.batch_sizes, args.gpt_fast_batch_sizes, args.iters, args.no_peer = [1, 4], [1, 4], 1, True
     return args
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     if args.lmdeploy_child:
         result = lmdeploy_child(args.lmdeploy_child, args.batch_sizes, args.warmup, args.iters, args.seed)
         Path(args.child_out).write_text(json.dumps(result))
@@ -179,17 +229,36 @@ def main() -> None:
             print("[LMDeploy 0.18 PyTorch engine]", flush=True)
             hf_dir = write_hf_checkpoint(ws, Path(tmp, "hf"), shape)
             results["LMDeploy 0.18 PT"] = run_lmdeploy(hf_dir, args)
+        if not args.no_gpt_fast:
+            print("[gpt-fast]", flush=True)
+            results["gpt-fast"] = run_gpt_fast(ws, args, shape, device)
     out = Path(os.environ.get("OUT", "."), "decode_vs_lmdeploy.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1))
-    systems = [k for k, v in results.items() if isinstance(v, dict) and "rows" in v]
+    print_table(results, sorted(set(args.batch_sizes) | set(args.gpt_fast_batch_sizes)))
+
+
+def print_table(results: dict, batch_sizes: list[int]) -> None:
+    """Decode ms/token per system and batch size, "—" where a system did not run it; notes on peers below."""
+    systems = [k for k, v in results.items() if isinstance(v, dict)]
+
+    def cell(value: float | None, fmt: str) -> str:
+        return f"{'—' if value is None else format(value, fmt):>26}"
+
     print(f"\n{results['gpu']}: decode ms/token (mean over requests), {INPUT_LEN} in / {OUTPUT_LEN} out, fp16")
     print(f"{'batch':>6}" + "".join(f"{s:>26}" for s in systems))
-    for b in args.batch_sizes:
-        print(f"{b:>6}" + "".join(f"{results[s]['rows'][b]['decode_ms_mean']:>26.2f}" for s in systems))
-    print(f"{'start s':>6}" + "".join(f"{results[s]['engine_start_s']:>26.1f}" for s in systems))
-    for k, v in results.items():
-        if isinstance(v, dict) and "rows" not in v and k != "gpu":
-            print(f"{k}: {v}")
+    for b in batch_sizes:
+        print(f"{b:>6}" + "".join(cell(results[s].get("rows", {}).get(b, {}).get("decode_ms_mean"), ".2f")
+                                  for s in systems))
+    print(f"{'start s':>6}" + "".join(cell(results[s].get("engine_start_s"), ".1f") for s in systems))
+    for s in systems:
+        v = results[s]
+        notes = {k: v[k] for k in ("skipped", "failed") if k in v}
+        warmups = {b: round(row["warmup_s"], 1) for b, row in v.get("rows", {}).items() if "warmup_s" in row}
+        if warmups:
+            notes["warm-up (compile) s per batch"] = warmups
+        if notes:
+            print(f"{s}: {notes}")
 
 
 if __name__ == "__main__":
