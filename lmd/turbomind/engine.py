@@ -15,16 +15,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from lmd.errors import LmdError
 from lmd.turbomind.block_manager import BlockManager
 from lmd.turbomind.forward_batch import InflightIds
 from lmd.turbomind.gen_config import GenerationConfig
 from lmd.turbomind.guided import GrammarCompiler
+from lmd.turbomind.kernels.host_copy import to_device
 from lmd.turbomind.model_runner import ModelRunner
+from lmd.turbomind.prompt_logprobs import PendingPromptLogprobs, plan
 from lmd.turbomind.request_state import RequestState
 from lmd.turbomind.request_stream import RequestStream
 from lmd.turbomind.sampler import PendingSample, Sampler
-from lmd.turbomind.scheduler import Scheduler
+from lmd.turbomind.scheduler import Scheduler, SchedulerOutput
 from lmd.turbomind.sequence import Sequence
 from lmd.turbomind.workspace import Workspace, open_workspace
 
@@ -54,6 +58,8 @@ class _InflightStep:
     states: list[RequestState]  # one per sampled row
     sample: PendingSample
     ids: InflightIds
+    prompt: PendingPromptLogprobs | None = None
+    prompt_states: dict[int, RequestState] | None = None  # owners of `prompt`'s targets
 
 
 class Engine:
@@ -107,7 +113,8 @@ class Engine:
             if self._stopping:
                 raise LmdError("the engine is closed; create a new one")
             seq = Sequence(self._next_seq_id, token_ids,
-                           max_num_tokens=min(len(token_ids) + config.max_new_tokens, self.max_len))
+                           max_num_tokens=min(len(token_ids) + config.max_new_tokens, self.max_len),
+                           prompt_logits=config.prompt_logprobs is not None)
             self._next_seq_id += 1
             request_id = seq.seq_id if request_id is None else request_id
             if request_id in self._seq_of:
@@ -182,12 +189,14 @@ class Engine:
         self._counts["computed_tokens"] += output.num_tokens
         self._counts["preemptions"] += len(output.preempted)
         states = [self._states[c.seq_id] for c in output.chunks if c.needs_logits]  # before a resolve frees any
+        logits, prompt, prompt_states = self._split_logits(output, logits)
         self._resolve_inflight()
         sample = self.sampler.launch(logits, [state.sampling_row() for state in states])
         for state in states:
             state.seq.num_inflight += 1
         rows = {state.seq.seq_id: i for i, state in enumerate(states)}
-        self._inflight = _InflightStep(states, sample, InflightIds(rows, sample.token_ids_device))
+        self._inflight = _InflightStep(states, sample, InflightIds(rows, sample.token_ids_device), prompt,
+                                       prompt_states)
         if not self._overlap:
             if self._defer_output:
                 self._emit_pending()  # the previous step's text, while the GPU runs this one
@@ -203,6 +212,9 @@ class Engine:
         if step is None:
             return False
         result = step.sample.result()
+        if step.prompt is not None:  # copied before the sample event: ready
+            for seq_id, entries in step.prompt.resolve().items():
+                step.prompt_states[seq_id].prompt_logprobs.extend(entries)  # type: ignore[index, union-attr]
         for state, token, logprob, alternatives in zip(step.states, result.token_ids, result.logprobs,
                                                        result.top_logprobs, strict=True):
             seq = state.seq
@@ -216,6 +228,29 @@ class Engine:
                 self._finish(seq.seq_id, None)
             self._pending.append((state, token, logprob, alternatives, finish))
         return True
+
+    def _split_logits(self, output: SchedulerOutput, logits: torch.Tensor
+                      ) -> tuple[torch.Tensor, PendingPromptLogprobs | None, dict[int, RequestState] | None]:
+        """The sampling rows of the runner's logits, and the prompt logprobs of the all_logits chunks (queued)."""
+        if not any(c.all_logits for c in output.chunks):
+            return logits, None, None
+        sample_rows, targets, owners, row = [], [], {}, 0
+        for chunk in output.chunks:
+            width = len(chunk.token_ids) if chunk.all_logits else int(chunk.needs_logits)
+            if chunk.all_logits:
+                state = self._states[chunk.seq_id]
+                planned = plan(chunk, row, state.seq.token_ids, state.prompt_logprobs_planned,
+                               state.config.prompt_logprobs or 0)
+                if planned is not None:
+                    targets.append(planned)
+                    owners[chunk.seq_id] = state
+                    state.prompt_logprobs_planned = planned.first + planned.count
+            if chunk.needs_logits:
+                sample_rows.append(row + width - 1)
+            row += width
+        prompt_ids = {seq_id: state.seq.token_ids for seq_id, state in owners.items()}
+        prompt = PendingPromptLogprobs(logits, targets, prompt_ids) if targets else None
+        return logits[to_device(sample_rows, torch.int64, logits.device)], prompt, owners
 
     def _flush(self) -> None:
         self._resolve_inflight()

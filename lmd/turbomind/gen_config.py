@@ -50,6 +50,9 @@ class GenerationConfig:
     stop_token_ids: tuple[int, ...] = ()
     stop_words: tuple[str, ...] = ()
     logprobs: int | None = None  # None: off; 0: the chosen token only; k: also the k most likely alternatives
+    # The prompt's tokens with their logprobs (the first has none), computed in the prefill; same meaning of k. Such a
+    # request computes its whole prompt: it takes nothing from the prefix cache (whose blocks carry no logits).
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     # Structured output: the reply follows this grammar and ends (finish "stop") as soon as the grammar is complete.
     guided: GuidedSpec | None = None
@@ -115,6 +118,9 @@ class GenerationConfig:
             raise _fail("stop_words", self.stop_words, "non-empty strings")
         if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
             raise _fail("logprobs", self.logprobs, f"None (off) or an integer in [0, {MAX_LOGPROBS}]")
+        if self.prompt_logprobs is not None and (not _is_int(self.prompt_logprobs)
+                                                 or not 0 <= self.prompt_logprobs <= MAX_LOGPROBS):
+            raise _fail("prompt_logprobs", self.prompt_logprobs, f"None (off) or an integer in [0, {MAX_LOGPROBS}]")
         if not isinstance(self.skip_special_tokens, bool):
             raise _fail("skip_special_tokens", self.skip_special_tokens, "True or False")
         if self.guided is not None:

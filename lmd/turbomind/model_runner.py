@@ -136,13 +136,16 @@ class ModelRunner:
         return self.cache.num_blocks - self._scratch
 
     def run(self, output: SchedulerOutput, inflight: InflightIds | None = None) -> torch.Tensor:
-        """fp32 logits [number of chunks that need logits, vocab], in chunk order. `inflight`: where the INFLIGHT
-        ids of the chunks are (the previous step's samples, still on the device); nothing here waits for the GPU."""
+        """fp32 logits in chunk order: every position of an `all_logits` chunk, the last position of any other chunk
+        that needs logits. `inflight`: where the INFLIGHT ids of the chunks are (the previous step's samples, still on
+        the device); nothing here waits for the GPU."""
         chunks, rows, end = [], [], 0
         for chunk in output.chunks:
             chunks.append((list(chunk.token_ids), chunk.start, list(chunk.block_table)))
+            if chunk.all_logits:
+                rows.extend(range(end, end + len(chunk.token_ids)))
             end += len(chunk.token_ids)
-            if chunk.needs_logits:
+            if chunk.needs_logits and not chunk.all_logits:
                 rows.append(end - 1)
         sources = None if inflight is None else inflight.sources([(c.seq_id, c.token_ids) for c in output.chunks])
         if sources is not None and self.tp > 1:

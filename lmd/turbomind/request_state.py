@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from lmd.turbomind.detokenizer import IncrementalDetokenizer
 from lmd.turbomind.gen_config import GenerationConfig
-from lmd.turbomind.request_stream import Delta, RequestStream, Usage
+from lmd.turbomind.request_stream import Delta, PromptEntry, RequestStream, Usage
 from lmd.turbomind.sampler import SamplingRow, request_generator
 from lmd.turbomind.sequence import Sequence
 from lmd.turbomind.stop_strings import StopStringMatcher
@@ -31,6 +31,11 @@ class RequestState:
         self.stop_strings = StopStringMatcher(config.stop_words)
         self.generator = request_generator(config)
         self.finished = False  # set by the engine when it frees the request
+        # prompt logprobs (config.prompt_logprobs): one entry per prompt token, None for the first; sent once, with
+        # the first delta; `planned`: prompt tokens whose logprobs a scheduled step computes (token 0 has none)
+        self.prompt_logprobs: list[PromptEntry] | None = None if config.prompt_logprobs is None else [None]
+        self.prompt_logprobs_planned = 1
+        self._prompt_sent = False
 
     def sampling_row(self) -> SamplingRow:
         return SamplingRow(self.config, self.seq.token_ids, self.seq.num_generated, self.generator, self.eos_ids,
@@ -66,11 +71,18 @@ class RequestState:
             tail, hit = self.stop_strings.push(self.detokenizer.flush())
             text += tail if hit else tail + self.stop_strings.flush()
         return Delta(self.request_id, text, (token,), finish, self.usage() if finish else None,
-                     None if logprob is None else (logprob,), None if top is None else (tuple(top),))
+                     None if logprob is None else (logprob,), None if top is None else (tuple(top),),
+                     self._take_prompt_logprobs())
 
     def usage(self) -> Usage:
         seq = self.seq
         return Usage(seq.num_prompt_tokens, seq.num_generated, min(seq.num_prefix_hit_tokens, seq.num_prompt_tokens))
 
     def final_delta(self, reason: str, text: str = "") -> Delta:
-        return Delta(self.request_id, text, (), reason, self.usage())
+        return Delta(self.request_id, text, (), reason, self.usage(), prompt_logprobs=self._take_prompt_logprobs())
+
+    def _take_prompt_logprobs(self) -> tuple[PromptEntry, ...] | None:
+        if self.prompt_logprobs is None or self._prompt_sent:
+            return None
+        self._prompt_sent = True
+        return tuple(self.prompt_logprobs)

@@ -24,6 +24,9 @@ class Usage:
         return self.prompt_tokens + self.completion_tokens
 
 
+PromptEntry = tuple[float, tuple[tuple[int, float], ...]] | None  # (logprob, top alternatives); None: first token
+
+
 @dataclass(frozen=True)
 class Delta:
     request_id: object
@@ -33,6 +36,7 @@ class Delta:
     usage: Usage | None = None
     logprobs: tuple[float, ...] | None = None  # of each token in token_ids (when the request asked for logprobs)
     top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None
+    prompt_logprobs: tuple[PromptEntry, ...] | None = None  # once, in a request's first delta (prompt_logprobs set)
 
 
 @dataclass
@@ -46,8 +50,11 @@ class Response:
     usage: Usage | None = None
     logprobs: list[float] | None = None
     top_logprobs: list[tuple[tuple[int, float], ...]] | None = None
+    prompt_logprobs: list[PromptEntry] | None = None
 
     def add(self, delta: Delta) -> None:
+        if delta.prompt_logprobs is not None:
+            self.prompt_logprobs = list(delta.prompt_logprobs)
         self.text += delta.text
         self.token_ids.extend(delta.token_ids)
         if delta.logprobs is not None:

@@ -27,6 +27,7 @@ class ScheduledChunk:
     start: int  # position of token_ids[0] in the sequence
     block_table: tuple[int, ...]
     needs_logits: bool  # the chunk ends the sequence's known tokens: sample the next one
+    all_logits: bool = False  # logits of every position (prompt logprobs); the last is the sampling row if any
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ class Scheduler:
             seq = self.waiting[0]
             if seq.num_inflight:  # preempted while its last token was being sampled: admitted once it is known
                 break
-            matched = self.block_manager.match_prefix(seq.token_ids)
+            matched = [] if seq.prompt_logits else self.block_manager.match_prefix(seq.token_ids)
             hit = len(matched) * self.block_manager.block_size
             n = min(len(seq) - hit, budget)
             if not self.block_manager.can_admit(matched, hit + n):
@@ -131,4 +132,5 @@ def _chunk(seq: Sequence, n: int) -> ScheduledChunk:
     start = seq.num_computed_tokens
     ids = seq.token_ids[start:start + n]
     ids += [INFLIGHT] * (n - len(ids))  # the runner takes these from the device (overlap)
-    return ScheduledChunk(seq.seq_id, tuple(ids), start, tuple(seq.block_table), start + n == seq.num_tokens)
+    return ScheduledChunk(seq.seq_id, tuple(ids), start, tuple(seq.block_table), start + n == seq.num_tokens,
+                          seq.prompt_logits and start + 1 < seq.num_prompt_tokens)
