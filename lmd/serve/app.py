@@ -29,7 +29,7 @@ from lmd.serve.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
-from lmd.serve.responses import ResponseBuilder, new_request_id
+from lmd.serve.responses import EchoedPrompt, ResponseBuilder, new_request_id
 from lmd.serve.sampling import generation_config
 from lmd.serve.streaming import AbortingEventStream, sse_event, unless_disconnected
 from lmd.serve.structured_outputs import StructuredOutput, compile_structured_output, request_structured_output
@@ -122,6 +122,11 @@ class _Server:
         if bad is not None:
             raise bad_request(field, f"{field} token id {bad} is outside the vocabulary [0, {vocab})")
 
+    def echoed(self, body: CompletionRequest, prompts: list[list[int]]) -> list[EchoedPrompt]:
+        """What echo=true returns before each completion: the prompt as sent (token ids decoded) and its ids."""
+        return [EchoedPrompt(raw if isinstance(raw, str) else self.engine.tokenizer.decode(ids), tuple(ids))
+                for raw, ids in zip(body.prompts, prompts, strict=True)]
+
     def encode_completion(self, body: CompletionRequest) -> list[list[int]]:
         prompts = body.prompts
         out = []
@@ -185,6 +190,7 @@ class _Server:
             logprobs=configs[0].logprobs is not None,
             token_ids=body.return_token_ids,
             tool_parser=tools.new_parser if tools is not None and tools.parser is not None else None,
+            echo=None if chat or not body.echo else self.echoed(body, prompts),  # type: ignore[union-attr]
         )
 
         def abort_all() -> None:

@@ -174,8 +174,6 @@ class CompletionRequest(SamplingRequest):
         found = super().unsupported()
         if found is not None:
             return found
-        if self.echo:
-            return "echo", "echo=true is not supported; send echo=false"
         if self.suffix:
             return "suffix", "suffix (insertion) is not supported; leave it out"
         return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from lmd.serve.generation import summed_usage
@@ -49,13 +50,16 @@ class _Choice:
     def __init__(self, parser: ToolCallParser | None) -> None:
         self.parser = parser
         self.text_offset = 0  # completions' logprobs.text_offset
+        self.echoed = False  # completions' echo: the prompt went out (with the first chunk)
 
 
 class ResponseBuilder:
     """One request's response: a whole body (`full`) or its stream chunks (`chunks`, `usage_chunk`)."""
 
     def __init__(self, request_id: str, model: str, chat: bool, tokenizer: Any, logprobs: bool, token_ids: bool,
-                 tool_parser: ParserFactory | None = None) -> None:
+                 tool_parser: ParserFactory | None = None, echo: Sequence[EchoedPrompt] | None = None) -> None:
+        """`echo` (completions): per prompt, its text and token ids, returned before the completion's."""
+        self._echo = echo
         self.request_id, self.model, self.chat = request_id, model, chat
         self.created = int(time.time())
         self._tokenizer = tokenizer
@@ -83,8 +87,11 @@ class ResponseBuilder:
             else:
                 choice["text"] = response.text
                 choice["finish_reason"] = response.finish_reason
-            choice["logprobs"] = self._logprobs_body(state, response.token_ids, response.logprobs,
-                                                     response.top_logprobs)
+            echoed = self._echo_part(state, prompt_index, response.prompt_logprobs)
+            if echoed is not None:
+                choice["text"] = echoed[0] + choice["text"]
+            choice["logprobs"] = _joined(echoed and echoed[1], self._logprobs_body(
+                state, response.token_ids, response.logprobs, response.top_logprobs))
             if self._token_ids:
                 choice["token_ids"] = list(response.token_ids)
             choices.append(choice)
@@ -110,10 +117,15 @@ class ResponseBuilder:
         extras = (self._logprobs or self._token_ids) and bool(delta.token_ids)
         finished = delta.finish_reason is not None
         if not self.chat:
-            if not delta.text and not finished and not extras:
+            echoed = self._echo_part(state, prompt_index, delta.prompt_logprobs)
+            if not delta.text and not finished and not extras and echoed is None:
                 return []
-            return [self._chunk({"index": index, "text": delta.text, **self._extras(state, delta),
-                                 "finish_reason": delta.finish_reason}, include_usage)]
+            body = {"index": index, "text": delta.text, **self._extras(state, delta),
+                    "finish_reason": delta.finish_reason}
+            if echoed is not None:
+                body["text"] = echoed[0] + body["text"]
+                body["logprobs"] = _joined(echoed[1], body["logprobs"])
+            return [self._chunk(body, include_usage)]
         pieces = self._parsed(state, delta.text, final=finished)
         deltas = [d for p in pieces for d in _piece_deltas(p)]
         if not deltas and (extras or finished):
@@ -166,6 +178,28 @@ class ResponseBuilder:
     def _envelope(self, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": self.request_id, "object": kind, "created": self.created, "model": self.model, "choices": choices}
 
+    def _echo_part(self, state: _Choice, prompt_index: int, entries: Any) -> tuple[str, dict[str, Any] | None] | None:
+        """The echoed prompt once per choice: its text and (with logprobs) its tokens' logprobs, the first token's
+        null as OpenAI and vLLM give it. Called before the completion's own logprobs (text offsets run on)."""
+        if self._echo is None or state.echoed:
+            return None
+        state.echoed = True
+        prompt = self._echo[prompt_index]
+        if not self._logprobs:
+            return prompt.text, None
+        texts = [self._token_text(t) for t in prompt.token_ids]
+        entries = list(entries) if entries is not None else [None] * len(texts)
+        offsets = []
+        for text in texts:
+            offsets.append(state.text_offset)
+            state.text_offset += len(text)
+        return prompt.text, {
+            "tokens": texts,
+            "token_logprobs": [None if e is None else e[0] for e in entries],
+            "top_logprobs": [None if e is None else {self._token_text(a): alp for a, alp in e[1]} for e in entries],
+            "text_offset": offsets,
+        }
+
     def _logprobs_body(self, state: _Choice, token_ids: list[int], logprobs: Any, top: Any) -> dict[str, Any] | None:
         if not self._logprobs or logprobs is None:
             return None
@@ -190,6 +224,19 @@ class ResponseBuilder:
 
     def _token_text(self, token_id: int) -> str:
         return self._tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+@dataclass(frozen=True)
+class EchoedPrompt:
+    text: str  # as the request gave it (token-id prompts: decoded)
+    token_ids: tuple[int, ...]
+
+
+def _joined(first: dict[str, Any] | None, second: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Completions' logprobs of the echoed prompt, then of the completion (each list concatenated)."""
+    if first is None or second is None:
+        return first or second
+    return {key: first[key] + second[key] for key in first}
 
 
 def _call_body(call: ToolCall) -> dict[str, Any]:

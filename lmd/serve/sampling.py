@@ -45,6 +45,8 @@ def generation_config(request: ChatCompletionRequest | CompletionRequest, room: 
             "top_logprobs" if isinstance(request, ChatCompletionRequest) else "logprobs",
             request.logprobs_count,
         ),
+        # echo + logprobs: the prompt's logprobs too, from the same prefill (completions only)
+        "prompt_logprobs": ("logprobs", request.logprobs if getattr(request, "echo", False) else None),
         "skip_special_tokens": ("skip_special_tokens", request.skip_special_tokens),
         "guided": ("guided", None) if structured is None else (structured.field, structured.spec),
     }

@@ -75,7 +75,6 @@ def test_completion_errors_name_the_field(client):
         assert response.status_code == 400, response.text
         return response.json()["error"]
 
-    assert error(prompt="x", echo=True)["param"] == "echo"
     assert error(prompt=[])["param"] == "prompt"
     assert error(prompt=[[1, 2], [3, 10**7]])["param"] == "prompt.1"
     assert error(prompt=["a", ""])["param"] == "prompt.1"
