@@ -14,7 +14,7 @@ from typing import Any
 
 from lmd.turbomind.engine import Engine, Prompt
 from lmd.turbomind.gen_config import GenerationConfig
-from lmd.turbomind.request_stream import Delta, Response
+from lmd.turbomind.request_stream import Delta, Response, best_by_logprob
 from lmd.turbomind.workspace import is_workspace
 
 
@@ -36,12 +36,21 @@ class Pipeline:
         self.engine = Engine(workspace, **engine_options)
 
     def __call__(self, prompts: Prompt | Sequence[Prompt], gen_config: GenerationConfig | None = None,
-                 do_preprocess: bool = True) -> Response | list[Response]:
-        """One prompt -> one Response; a list of prompts -> a list, all generated in one persistent batch."""
+                 do_preprocess: bool = True) -> Response | list[Response] | list[list[Response]]:
+        """One prompt -> one Response; a list of prompts -> a list, all generated in one persistent batch. With
+        gen_config.n > 1 (or best_of) each prompt gives a list of n Responses (best_of: the n best by cumulative
+        logprob, best first)."""
         single = _is_single(prompts)
         batch = [prompts] if single else list(prompts)  # type: ignore[list-item]
-        streams = [self.engine.generate(p, gen_config, apply_chat_template=do_preprocess) for p in batch]
-        responses = [s.result() for s in streams]
+        config = gen_config or GenerationConfig()
+        if config.num_samples == 1:
+            streams = [self.engine.generate(p, config, apply_chat_template=do_preprocess) for p in batch]
+            responses: list = [s.result() for s in streams]
+        else:
+            groups = [self.engine.generate_samples(p, config, apply_chat_template=do_preprocess) for p in batch]
+            responses = [[s.result() for s in group] for group in groups]
+            if config.num_samples > config.n:
+                responses = [best_by_logprob(group, config.n) for group in responses]
         return responses[0] if single else responses
 
     def stream_infer(self, prompts: Prompt | Sequence[Prompt], gen_config: GenerationConfig | None = None,

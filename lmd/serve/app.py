@@ -36,7 +36,7 @@ from lmd.serve.structured_outputs import StructuredOutput, compile_structured_ou
 from lmd.serve.tools import ToolUse, tool_call_output, tool_use
 from lmd.turbomind.engine import Engine
 from lmd.turbomind.gen_config import GenerationConfig
-from lmd.turbomind.request_stream import RequestStream, Usage
+from lmd.turbomind.request_stream import RequestStream, Usage, best_by_logprob
 
 _log = logging.getLogger("lmd.serve")
 
@@ -48,7 +48,7 @@ class _Server:
         self.api_keys = tuple(api_keys)
         self.counts = RequestCounts()
         self.created = int(time.time())
-        self.in_flight: set[str] = set()  # request ids of responses still being produced
+        self.in_flight: set[object] = set()  # engine request ids of responses still being produced
 
     def abort_all(self) -> None:
         """End every request in flight (server shutdown): their responses finish with finish_reason "abort"."""
@@ -176,11 +176,12 @@ class _Server:
         if tools is not None:
             configs = [tools.configure(c, body) for c in configs]  # type: ignore[arg-type]
         response_id = new_request_id(chat)
-        ids = engine_request_ids(response_id, len(prompts))
         try:
-            streams = submit(self.engine, prompts, configs, ids)
+            streams = submit(self.engine, prompts, configs, engine_request_ids(response_id, len(prompts)))
         except LmdError as exc:
             raise ApiError(503 if "closed" in str(exc) else 400, str(exc), "messages" if chat else "prompt") from None
+        ids = [stream.request_id for stream in streams]  # a prompt's samples are (id, i)
+        samples, n = configs[0].num_samples, configs[0].n
         self.in_flight.update(ids)
         builder = ResponseBuilder(
             response_id,
@@ -191,6 +192,7 @@ class _Server:
             token_ids=body.return_token_ids,
             tool_parser=tools.new_parser if tools is not None and tools.parser is not None else None,
             echo=None if chat or not body.echo else self.echoed(body, prompts),  # type: ignore[union-attr]
+            n=n,
         )
 
         def abort_all() -> None:
@@ -219,7 +221,10 @@ class _Server:
             return Response(status_code=499)  # nobody is listening any more
         if any(r.finish_reason == "error" for r in results):
             raise self.engine_failure()
-        return JSONResponse(builder.full(results))
+        usage = summed_usage([r.usage for r in results], samples)  # best_of: every sample generated counts
+        if samples > n:  # best_of: the n with the highest cumulative logprob, per prompt
+            results = [r for p in range(0, len(results), samples) for r in best_by_logprob(results[p:p + samples], n)]
+        return JSONResponse(builder.full(results, usage))
 
     async def events(self, streams: list[RequestStream], builder: ResponseBuilder, include_usage: bool,
                      reasons: dict[int, str]) -> AsyncIterator[str]:
@@ -239,7 +244,7 @@ class _Server:
             if delta.finish_reason is not None:
                 reasons[index], usages[index] = delta.finish_reason, delta.usage
         if include_usage and "error" not in reasons.values():
-            yield sse_event(builder.usage_chunk(summed_usage(usages)))
+            yield sse_event(builder.usage_chunk(summed_usage(usages, builder.samples_per_prompt)))
         yield sse_event("[DONE]")
 
     def engine_failure(self) -> ApiError:

@@ -22,11 +22,15 @@ def engine_request_ids(response_id: str, count: int) -> list[str]:
 def submit(engine: Engine, prompts: Sequence[list[int]], configs: Sequence[GenerationConfig],
            request_ids: Sequence[str]) -> list[RequestStream]:
     """Queue every prompt before reading any, so the engine schedules them in one batch; if one is refused, the
-    ones already queued are aborted and the error propagates."""
+    ones already queued are aborted and the error propagates. Several samples of a prompt (n, best_of) are forked
+    from one prefill: its streams follow one another, prompt by prompt."""
     streams: list[RequestStream] = []
     try:
         for ids, config, request_id in zip(prompts, configs, request_ids, strict=True):
-            streams.append(engine.generate(ids, config, request_id=request_id))
+            if config.num_samples == 1:
+                streams.append(engine.generate(ids, config, request_id=request_id))
+            else:
+                streams.extend(engine.generate_samples(ids, config, request_id=request_id))
     except BaseException:
         for stream in streams:
             stream.abort()
@@ -66,9 +70,13 @@ async def merged(streams: Sequence[RequestStream]) -> AsyncIterator[tuple[int, D
             task.cancel()
 
 
-def summed_usage(usages: Sequence[Usage | None]) -> Usage | None:
+def summed_usage(usages: Sequence[Usage | None], samples: int = 1) -> Usage | None:
+    """Over the streams of a request, `samples` per prompt in a row: each prompt's tokens count once (its samples
+    share one prefill), every sample's completion tokens count."""
     present = [u for u in usages if u is not None]
     if not present:
         return None
-    return Usage(sum(u.prompt_tokens for u in present), sum(u.completion_tokens for u in present),
-                 sum(u.cached_tokens for u in present))
+    firsts = [u for group in range(0, len(usages), samples)
+              for u in [next((x for x in usages[group:group + samples] if x is not None), None)] if u is not None]
+    return Usage(sum(u.prompt_tokens for u in firsts), sum(u.completion_tokens for u in present),
+                 sum(u.cached_tokens for u in firsts))

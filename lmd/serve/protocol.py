@@ -116,10 +116,8 @@ class SamplingRequest(BaseModel):
 
     def unsupported(self) -> tuple[str, str] | None:
         """(field, message) for the first option this server cannot honour, or None."""
-        if self.n is not None and self.n != 1:
-            return "n", f"n={self.n} is not supported; this server returns one choice per request (send n=1)"
-        if self.best_of is not None and self.best_of != 1:
-            return "best_of", f"best_of={self.best_of} is not supported; leave it out or send 1"
+        if self.best_of is not None and self.best_of > (self.n or 1) and self.stream:
+            return "best_of", "best_of cannot be streamed (the best are known only at the end); send stream=false"
         if self.stream_options is not None and not self.stream:
             return "stream_options", "stream_options is only allowed with stream=true"
         if self.min_tokens is not None and self.min_new_tokens is not None and self.min_tokens != self.min_new_tokens:

@@ -57,9 +57,12 @@ class ResponseBuilder:
     """One request's response: a whole body (`full`) or its stream chunks (`chunks`, `usage_chunk`)."""
 
     def __init__(self, request_id: str, model: str, chat: bool, tokenizer: Any, logprobs: bool, token_ids: bool,
-                 tool_parser: ParserFactory | None = None, echo: Sequence[EchoedPrompt] | None = None) -> None:
-        """`echo` (completions): per prompt, its text and token ids, returned before the completion's."""
-        self._echo = echo
+                 tool_parser: ParserFactory | None = None, echo: Sequence[EchoedPrompt] | None = None,
+                 n: int = 1) -> None:
+        """`echo` (completions): per prompt, its text and token ids, returned before the completion's. `n`: choices
+        per prompt; choices come prompt by prompt, so a choice's position is its OpenAI index."""
+        self._echo, self._n = echo, n
+        self._prompt_entries: dict[int, list[Any]] = {}
         self.request_id, self.model, self.chat = request_id, model, chat
         self.created = int(time.time())
         self._tokenizer = tokenizer
@@ -67,12 +70,18 @@ class ResponseBuilder:
         self._new_parser = tool_parser
         self._choices: dict[int, _Choice] = {}
 
+    @property
+    def samples_per_prompt(self) -> int:
+        return self._n
+
     # ---- whole response ----
 
-    def full(self, responses: Sequence[Response]) -> dict[str, Any]:
+    def full(self, responses: Sequence[Response], usage: Usage | None = None) -> dict[str, Any]:
+        """`responses`: n per prompt, prompt by prompt; `usage`: when not their sum (best_of)."""
         choices = []
-        for prompt_index, response in enumerate(responses):
-            index = choice_index(prompt_index)
+        for position, response in enumerate(responses):
+            prompt_index, sample_index = divmod(position, self._n)
+            index = choice_index(prompt_index, sample_index, self._n)
             state = self._choice(index)
             choice: dict[str, Any] = {"index": index}
             if self.chat:
@@ -96,7 +105,7 @@ class ResponseBuilder:
                 choice["token_ids"] = list(response.token_ids)
             choices.append(choice)
         body = self._envelope("chat.completion" if self.chat else "text_completion", choices)
-        body["usage"] = usage_body(summed_usage([r.usage for r in responses]))
+        body["usage"] = usage_body(usage or summed_usage([r.usage for r in responses], self._n))
         return body
 
     # ---- streaming ----
@@ -109,10 +118,12 @@ class ResponseBuilder:
             for i in range(count)
         ]
 
-    def chunks(self, prompt_index: int, delta: Delta, include_usage: bool) -> list[dict[str, Any]]:
-        """The chunks of one delta: none when it carries nothing to show (text held back, no extras asked); with a
-        tool-call parser, a call is two chunks (id, type and name; then the arguments) as OpenAI streams them."""
-        index = choice_index(prompt_index)
+    def chunks(self, position: int, delta: Delta, include_usage: bool) -> list[dict[str, Any]]:
+        """The chunks of one delta of stream `position` (n per prompt): none when it carries nothing to show (text
+        held back, no extras asked); with a tool-call parser, a call is two chunks (id, type and name; then the
+        arguments) as OpenAI streams them."""
+        prompt_index, sample_index = divmod(position, self._n)
+        index = choice_index(prompt_index, sample_index, self._n)
         state = self._choice(index)
         extras = (self._logprobs or self._token_ids) and bool(delta.token_ids)
         finished = delta.finish_reason is not None
@@ -188,7 +199,9 @@ class ResponseBuilder:
         if not self._logprobs:
             return prompt.text, None
         texts = [self._token_text(t) for t in prompt.token_ids]
-        entries = list(entries) if entries is not None else [None] * len(texts)
+        if entries is not None:  # the first sample of a prompt carries them; its siblings reuse them
+            self._prompt_entries[prompt_index] = list(entries)
+        entries = self._prompt_entries.get(prompt_index, [None] * len(texts))
         offsets = []
         for text in texts:
             offsets.append(state.text_offset)

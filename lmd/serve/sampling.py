@@ -48,6 +48,8 @@ def generation_config(request: ChatCompletionRequest | CompletionRequest, room: 
         # echo + logprobs: the prompt's logprobs too, from the same prefill (completions only)
         "prompt_logprobs": ("logprobs", request.logprobs if getattr(request, "echo", False) else None),
         "skip_special_tokens": ("skip_special_tokens", request.skip_special_tokens),
+        "n": ("n", 1 if request.n is None else request.n),
+        "best_of": ("best_of", request.best_of),
         "guided": ("guided", None) if structured is None else (structured.field, structured.spec),
     }
     try:

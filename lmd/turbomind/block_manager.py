@@ -101,6 +101,25 @@ class BlockManager:
                 block.hash = parent
                 self._by_hash[parent] = block.block_id
 
+    def fork(self, parent: Sequence, child: Sequence, num_tokens: int) -> tuple[int, int] | None | bool:
+        """Give `child` the KV of `parent`'s first num_tokens tokens: the full blocks shared (reference counts), a
+        partly filled last block copied (copy-on-write at the fork: both will write into it). Returns the (source,
+        destination) block pair to copy on the device, None when nothing needs copying, False (nothing changed) when
+        no block is free for the copy."""
+        assert not child.block_table, "a sequence is forked with no blocks"
+        full, partial = divmod(num_tokens, self.block_size)
+        if partial and not self.num_free:
+            return False
+        for block_id in parent.block_table[:full]:
+            self.blocks[block_id].ref_count += 1
+            child.block_table.append(block_id)
+        child.block_hashes.extend(parent.block_hashes[:full])
+        if not partial:
+            return None
+        copy = self._take()
+        child.block_table.append(copy)
+        return parent.block_table[full], copy
+
     def free(self, seq: Sequence) -> None:
         # the tail goes first, so in LRU order a chain's last blocks are evicted before its shared head
         for block_id in reversed(seq.block_table):

@@ -9,6 +9,7 @@ With `start=False` no thread runs and the caller drives `step()` itself (tests, 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -100,7 +101,28 @@ class Engine:
                  apply_chat_template: bool = True) -> RequestStream:
         """Queue a request; iterate the returned stream (`for` or `async for`) for its deltas."""
         config = gen_config or GenerationConfig()
+        if config.num_samples > 1:
+            raise LmdError(f"GenerationConfig.n={config.n}, best_of={config.best_of}: several samples come back as "
+                           "several streams; call Engine.generate_samples")
+        return self._generate(prompt, config, request_id, apply_chat_template)[0]
+
+    def generate_samples(self, prompt: Prompt, gen_config: GenerationConfig, request_id: object = None,
+                         apply_chat_template: bool = True) -> list[RequestStream]:
+        """Parallel sampling: `gen_config.num_samples` streams (n, or best_of) of one prompt, prefilled once. The
+        first sample's sequence computes the prompt; when its first token is sampled the others are forked from it
+        (full KV blocks shared by reference count, a partly filled last block copied) and decode on their own.
+        Request ids are (request_id, i). best_of: rank the finished responses with `best_by_logprob`."""
+        return self._generate(prompt, gen_config, request_id, apply_chat_template)
+
+    def _generate(self, prompt: Prompt, config: GenerationConfig, request_id: object,
+                  apply_chat_template: bool) -> list[RequestStream]:
         config.check_vocab(self.workspace.model.vocab_size)
+        samples = config.num_samples
+        if samples > config.n and config.logprobs is None:  # best_of ranks by cumulative logprob: it needs them
+            config = dataclasses.replace(config, logprobs=0)
+        if samples > self.scheduler.max_batch_size:
+            raise LmdError(f"{samples} samples (n / best_of) of one prompt need {samples} batch slots; this engine "
+                           f"has max_batch_size={self.scheduler.max_batch_size}; ask for fewer or raise it")
         matcher = None if config.guided is None else self.grammar_compiler.matcher(config.guided,
                                                                                    config.stop_token_ids)
         token_ids = self.encode(prompt, apply_chat_template)
@@ -109,22 +131,33 @@ class Engine:
         if len(token_ids) >= self.max_len:
             raise LmdError(f"the prompt has {len(token_ids)} tokens; this engine holds at most {self.max_len} "
                            "per session (session_len / KV cache); shorten it or raise session_len")
+        limit = min(len(token_ids) + config.max_new_tokens, self.max_len)
         with self._cv:
             if self._stopping:
                 raise LmdError("the engine is closed; create a new one")
-            seq = Sequence(self._next_seq_id, token_ids,
-                           max_num_tokens=min(len(token_ids) + config.max_new_tokens, self.max_len),
-                           prompt_logits=config.prompt_logprobs is not None)
-            self._next_seq_id += 1
-            request_id = seq.seq_id if request_id is None else request_id
-            if request_id in self._seq_of:
-                raise LmdError(f"request_id {request_id!r} is already running; use a new id")
-            stream = RequestStream(request_id, self.abort)
-            state = RequestState(request_id, seq, config, self.tokenizer, self.eos_ids, self.max_len, stream, matcher)
-            self._seq_of[request_id] = seq.seq_id
-            self._inbox.append(lambda: self._admit(state))
+            base = self._next_seq_id if request_id is None else request_id
+            ids = [base] if samples == 1 else [(base, i) for i in range(samples)]
+            taken = next((i for i in ids if i in self._seq_of), None)
+            if taken is not None:
+                raise LmdError(f"request_id {taken!r} is already running; use a new id")
+            states = []
+            for i, rid in enumerate(ids):
+                seq = Sequence(self._next_seq_id, list(token_ids), max_num_tokens=limit,
+                               prompt_logits=config.prompt_logprobs is not None and i == 0)
+                self._next_seq_id += 1
+                sample_matcher = matcher if i == 0 or matcher is None else matcher.fork()
+                states.append(RequestState(rid, seq, config, self.tokenizer, self.eos_ids, self.max_len,
+                                           RequestStream(rid, self.abort), sample_matcher, sample_index=i))
+                self._seq_of[rid] = seq.seq_id
+            first = states[0]
+            first.siblings = states[1:]
+            first.seq.num_reserved_forks = samples - 1
+            for sibling in first.siblings:
+                sibling.fork_parent = first.seq
+                sibling.prompt_logprobs = None  # the prompt's logprobs come once, with the first sample
+            self._inbox.append(lambda: self._admit(states))
             self._cv.notify()
-        return stream
+        return [state.stream for state in states]
 
     def abort(self, request_id: object) -> None:
         """Stop a request and free its KV blocks at the next step; its stream ends with finish_reason 'abort'."""
@@ -188,8 +221,7 @@ class Engine:
         self._counts["steps"] += 1
         self._counts["computed_tokens"] += output.num_tokens
         self._counts["preemptions"] += len(output.preempted)
-        states = [self._states[c.seq_id] for c in output.chunks if c.needs_logits]  # before a resolve frees any
-        logits, prompt, prompt_states = self._split_logits(output, logits)
+        states, logits, prompt, prompt_states = self._sampled_rows(output, logits)  # before a resolve frees any
         self._resolve_inflight()
         sample = self.sampler.launch(logits, [state.sampling_row() for state in states])
         for state in states:
@@ -212,6 +244,9 @@ class Engine:
         if step is None:
             return False
         result = step.sample.result()
+        for state in step.states:  # forks first: a first sample that ends here must not free what they share
+            if state.fork_parent is not None and not state.finished:
+                self._fork(state)
         if step.prompt is not None:  # copied before the sample event: ready
             for seq_id, entries in step.prompt.resolve().items():
                 step.prompt_states[seq_id].prompt_logprobs.extend(entries)  # type: ignore[index, union-attr]
@@ -229,15 +264,15 @@ class Engine:
             self._pending.append((state, token, logprob, alternatives, finish))
         return True
 
-    def _split_logits(self, output: SchedulerOutput, logits: torch.Tensor
-                      ) -> tuple[torch.Tensor, PendingPromptLogprobs | None, dict[int, RequestState] | None]:
-        """The sampling rows of the runner's logits, and the prompt logprobs of the all_logits chunks (queued)."""
-        if not any(c.all_logits for c in output.chunks):
-            return logits, None, None
-        sample_rows, targets, owners, row = [], [], {}, 0
+    def _sampled_rows(self, output: SchedulerOutput, logits: torch.Tensor) -> tuple[
+            list[RequestState], torch.Tensor, PendingPromptLogprobs | None, dict[int, RequestState] | None]:
+        """The states sampled this step and their logits rows (a first sample under parallel sampling brings its
+        siblings, on the same row), and the prompt logprobs of the all_logits chunks (queued)."""
+        states, sample_rows, targets, owners, row, reshaped = [], [], [], {}, 0, False
         for chunk in output.chunks:
             width = len(chunk.token_ids) if chunk.all_logits else int(chunk.needs_logits)
             if chunk.all_logits:
+                reshaped = True
                 state = self._states[chunk.seq_id]
                 planned = plan(chunk, row, state.seq.token_ids, state.prompt_logprobs_planned,
                                state.config.prompt_logprobs or 0)
@@ -246,11 +281,36 @@ class Engine:
                     owners[chunk.seq_id] = state
                     state.prompt_logprobs_planned = planned.first + planned.count
             if chunk.needs_logits:
-                sample_rows.append(row + width - 1)
+                state = self._states[chunk.seq_id]
+                group = [state] + [s for s in state.siblings if not s.finished]
+                state.siblings = []  # they fork when this step is resolved
+                states.extend(group)
+                sample_rows.extend([row + width - 1] * len(group))
+                reshaped |= len(group) > 1
             row += width
+        if not reshaped:
+            return states, logits, None, None
         prompt_ids = {seq_id: state.seq.token_ids for seq_id, state in owners.items()}
         prompt = PendingPromptLogprobs(logits, targets, prompt_ids) if targets else None
-        return logits[to_device(sample_rows, torch.int64, logits.device)], prompt, owners
+        return states, logits[to_device(sample_rows, torch.int64, logits.device)], prompt, owners
+
+    def _fork(self, state: RequestState) -> None:
+        """A sibling takes the prompt's KV of the sequence it forks from, or, if that sequence lost it (preempted) or
+        no block is free for the copy, recomputes it (mostly prefix-cache hits: the full blocks are committed)."""
+        parent, child = state.fork_parent, state.seq
+        state.fork_parent = None
+        prompt = child.num_prompt_tokens
+        parent.num_reserved_forks = max(0, parent.num_reserved_forks - 1)  # type: ignore[union-attr]
+        shared = (self.runner.tp == 1 and parent.num_computed_tokens >= prompt  # type: ignore[union-attr]
+                  and len(parent.block_table) >= self.block_manager.blocks_for(prompt))  # type: ignore[union-attr]
+        pair = self.block_manager.fork(parent, child, prompt) if shared else False  # type: ignore[arg-type]
+        if pair is False:
+            self.scheduler.add_front(child)
+            return
+        if pair is not None:  # queued after the step that wrote the prompt's KV (stream order)
+            self.runner.cache.copy_blocks([pair[0]], [pair[1]])
+        child.num_computed_tokens = prompt
+        self.scheduler.add_running(child)
 
     def _flush(self) -> None:
         self._resolve_inflight()
@@ -265,10 +325,12 @@ class Engine:
                 self._finish(state.seq.seq_id, None)
             state.stream.put(delta)
 
-    def _admit(self, state: RequestState) -> None:
-        self._states[state.seq.seq_id] = state
-        self._counts["prompt_tokens"] += len(state.seq)
-        self.scheduler.add(state.seq)
+    def _admit(self, states: list[RequestState]) -> None:
+        """The first sample's sequence is queued; the others wait to be forked from it."""
+        for state in states:
+            self._states[state.seq.seq_id] = state
+        self._counts["prompt_tokens"] += len(states[0].seq)
+        self.scheduler.add(states[0].seq)
 
     def _abort(self, request_id: object) -> None:
         self._flush()  # its tokens sampled so far reach its stream before the abort (costs one wait for the GPU)

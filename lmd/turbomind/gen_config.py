@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from lmd.turbomind.guided import GuidedSpec
 
 MAX_LOGPROBS = 64
+MAX_SAMPLES = 128  # n and best_of
 MAX_TEMPERATURE = 2.0
 MAX_PENALTY = 2.0  # OpenAI's range for presence_penalty and frequency_penalty: [-2, 2]
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range for a logit_bias value: [-100, 100]
@@ -54,6 +55,10 @@ class GenerationConfig:
     # request computes its whole prompt: it takes nothing from the prefix cache (whose blocks carry no logits).
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
+    # Parallel sampling: n samples of one prompt (Engine.generate_samples) from one prefill, forked sequences sharing
+    # the prompt's KV; best_of >= n samples of which the caller keeps the n with the highest cumulative logprob.
+    n: int = 1
+    best_of: int | None = None
     # Structured output: the reply follows this grammar and ends (finish "stop") as soon as the grammar is complete.
     guided: GuidedSpec | None = None
 
@@ -121,6 +126,10 @@ class GenerationConfig:
         if self.prompt_logprobs is not None and (not _is_int(self.prompt_logprobs)
                                                  or not 0 <= self.prompt_logprobs <= MAX_LOGPROBS):
             raise _fail("prompt_logprobs", self.prompt_logprobs, f"None (off) or an integer in [0, {MAX_LOGPROBS}]")
+        if not _is_int(self.n) or not 1 <= self.n <= MAX_SAMPLES:
+            raise _fail("n", self.n, f"an integer in [1, {MAX_SAMPLES}]")
+        if self.best_of is not None and (not _is_int(self.best_of) or not self.n <= self.best_of <= MAX_SAMPLES):
+            raise _fail("best_of", self.best_of, f"None or an integer in [n={self.n}, {MAX_SAMPLES}]")
         if not isinstance(self.skip_special_tokens, bool):
             raise _fail("skip_special_tokens", self.skip_special_tokens, "True or False")
         if self.guided is not None:
@@ -136,6 +145,11 @@ class GenerationConfig:
         if self.min_new_tokens:
             raise _fail("min_new_tokens", self.min_new_tokens, "0 with a structured output (guided): the grammar "
                                                                "decides where the reply ends")
+
+    @property
+    def num_samples(self) -> int:
+        """Sequences generated: best_of when set, else n."""
+        return self.n if self.best_of is None else self.best_of
 
     def check_vocab(self, vocab_size: int) -> None:
         """Token ids this config names must exist in the model's vocabulary (checked at admission)."""

@@ -15,6 +15,7 @@ import torch
 
 from lmd.errors import LmdError
 from lmd.turbomind import kv_int8
+from lmd.turbomind.kernels.host_copy import to_device
 from lmd.turbomind.kv_int8 import StaticKVParams
 
 CPU_POOL_CAP_BYTES = 2 << 30  # a CPU pool is process RAM: never take more than 2 GiB for it by default
@@ -53,6 +54,14 @@ class KVCache:
             scale, zero = kv_int8.online_params(x)
             codes.index_copy_(0, slots, kv_int8.quantize(x, scale[..., None], zero[..., None]))
             _flat(params).index_copy_(0, slots, torch.stack((scale, zero), dim=-1))
+
+    def copy_blocks(self, sources: list[int], destinations: list[int]) -> None:
+        """Block d gets block s's K/V (and int8 params) in every layer: forked sequences' copy-on-write."""
+        device = self.k[0].device
+        src, dst = to_device(sources, torch.int64, device), to_device(destinations, torch.int64, device)
+        for pools in (self.k, self.v, self.k_param, self.v_param):
+            for pool in pools:
+                pool.index_copy_(0, dst, pool.index_select(0, src))
 
     def online_int8_slots(self, layer: int) -> tuple[torch.Tensor, ...] | None:
         """Codes of K and V as [slots, Hkv, D] and their params as [slots, Hkv, 2] views of an online int8 cache

@@ -21,7 +21,7 @@ _log = logging.getLogger("lmd.engine")
 class RequestState:
     def __init__(self, request_id: object, seq: Sequence, config: GenerationConfig, tokenizer: object,
                  eos_ids: tuple[int, ...], max_len: int, stream: RequestStream,
-                 matcher: GuidedMatcher | None = None) -> None:
+                 matcher: GuidedMatcher | None = None, sample_index: int = 0) -> None:
         self.request_id, self.seq, self.config, self.stream = request_id, seq, config, stream
         # The grammar state after the accepted tokens. It lives here rather than on the sequence's KV, so preemption
         # (recomputing the KV) and prefix reuse leave it as it is.
@@ -29,7 +29,12 @@ class RequestState:
         self.eos_ids, self.max_len = eos_ids, max_len
         self.detokenizer = IncrementalDetokenizer(tokenizer, seq.token_ids, config.skip_special_tokens)
         self.stop_strings = StopStringMatcher(config.stop_words)
-        self.generator = request_generator(config)
+        # parallel sampling: sample i of a seeded request draws from seed + i (every sample differs, all repeatable)
+        self.generator = request_generator(config, offset=sample_index)
+        # parallel sampling: on the first sample's state, the others until their rows are sampled; on the others,
+        # the sequence they fork from when that sample is resolved
+        self.siblings: list[RequestState] = []
+        self.fork_parent: Sequence | None = None
         self.finished = False  # set by the engine when it frees the request
         # prompt logprobs (config.prompt_logprobs): one entry per prompt token, None for the first; sent once, with
         # the first delta; `planned`: prompt tokens whose logprobs a scheduled step computes (token 0 has none)

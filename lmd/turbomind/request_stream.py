@@ -39,6 +39,11 @@ class Delta:
     prompt_logprobs: tuple[PromptEntry, ...] | None = None  # once, in a request's first delta (prompt_logprobs set)
 
 
+def best_by_logprob(responses: list[Response], n: int) -> list[Response]:
+    """best_of: the n responses with the highest cumulative logprob (the sum over their tokens), best first."""
+    return sorted(responses, key=lambda r: -sum(r.logprobs or ()))[:n]
+
+
 @dataclass
 class Response:
     """A whole generation, gathered from its deltas."""

@@ -104,12 +104,14 @@ class PendingSample:
         return SampleOutput(token_ids=token_ids, logprobs=logprobs, top_logprobs=top_logprobs)
 
 
-def request_generator(config: GenerationConfig, device: torch.device | str = "cpu") -> torch.Generator | None:
-    """The per-request generator for a seeded config (None when unseeded): create it once, at admission."""
+def request_generator(config: GenerationConfig, device: torch.device | str = "cpu",
+                      offset: int = 0) -> torch.Generator | None:
+    """The per-request generator for a seeded config (None when unseeded): create it once, at admission.
+    `offset`: the sample's index under parallel sampling (seed + offset, wrapped to the seed range)."""
     if config.seed is None:
         return None
     generator = torch.Generator(device=device)
-    generator.manual_seed(config.seed)
+    generator.manual_seed((config.seed + offset) % 2**63)
     return generator
 
 

@@ -81,9 +81,11 @@ class Scheduler:
                 budget -= n
                 i += 1
         admit = not preempted and self._steps % self.step_length == 0
-        while admit and self.waiting and len(self.running) < self.max_batch_size and budget > 0:
+        while admit and self.waiting and budget > 0:
             seq = self.waiting[0]
             if seq.num_inflight:  # preempted while its last token was being sampled: admitted once it is known
+                break
+            if len(self.running) + 1 + seq.num_reserved_forks > self.max_batch_size:  # forks take slots too
                 break
             matched = [] if seq.prompt_logits else self.block_manager.match_prefix(seq.token_ids)
             hit = len(matched) * self.block_manager.block_size
@@ -101,6 +103,18 @@ class Scheduler:
             budget -= n
         self._steps += 1
         return SchedulerOutput(tuple(chunks), tuple(preempted))
+
+    def add_running(self, seq: Sequence) -> None:
+        """A sequence forked with its KV blocks in place (parallel sampling): it decodes from the next step."""
+        seq.status = SequenceStatus.RUNNING
+        self._seqs[seq.seq_id] = seq
+        self.running.append(seq)
+
+    def add_front(self, seq: Sequence) -> None:
+        """A fork that could not share its parent's blocks: first in the queue, its prompt mostly a prefix hit."""
+        seq.status = SequenceStatus.WAITING
+        self._seqs[seq.seq_id] = seq
+        self.waiting.appendleft(seq)
 
     def complete_step(self, output: SchedulerOutput) -> None:
         """The step's KV is in the cache: advance each sequence and publish its newly full blocks."""

@@ -29,6 +29,7 @@ class Sequence:
     # tokens for scheduling; token_ids gets them when the engine resolves the step.
     num_inflight: int = 0
     max_num_tokens: int = 1 << 62  # the request ends by length here: an in-flight token at it needs no step
+    num_reserved_forks: int = 0  # parallel sampling: sequences forked from this one at its first sample
     prompt_logits: bool = False  # every prompt position's logits are wanted (prompt logprobs): no prefix-cache hits
 
     def __post_init__(self) -> None:

@@ -54,7 +54,7 @@ def test_models_and_unknown_model(client, engine):
 @pytest.mark.parametrize(
     ("changes", "param", "words"),
     [
-        ({"n": 2}, "n", "n=2"),
+        ({"n": 0}, "n", "n=0"),
         ({"temperature": 3}, "temperature", "temperature=3"),
         ({"top_p": 0}, "top_p", "top_p=0"),
         ({"top_k": -5}, "top_k", "top_k=-5"),

@@ -110,7 +110,7 @@ def test_a_preempted_guided_request_still_gives_valid_json(tiny_llama_ws, monkey
     """The matcher lives on the request, not on its KV: recomputing the KV after preemption leaves it as it is."""
     admitted = []
     admit = Engine._admit
-    monkeypatch.setattr(Engine, "_admit", lambda self, state: admitted.append(state) or admit(self, state))
+    monkeypatch.setattr(Engine, "_admit", lambda self, states: admitted.extend(states) or admit(self, states))
     configs = [GenerationConfig(max_new_tokens=30, temperature=0, ignore_eos=True) for _ in range(2)]
     configs += [_json_config(SCHEMAS[i % 2], temperature=0.7, seed=i) for i in range(4)]
     results, _ = _run(tiny_llama_ws[1], configs, True, cache_max_entry_count=16)  # 64 tokens of KV
