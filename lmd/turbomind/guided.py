@@ -96,6 +96,7 @@ class CompiledGuide:
     grammar: xgrammar.CompiledGrammar
     vocab_size: int
     stop_token_ids: tuple[int, ...]
+    allowed: torch.Tensor | None = None  # int32 words ANDed into every mask (JSON: no raw control characters)
 
 
 class GrammarCompiler:
@@ -114,6 +115,7 @@ class GrammarCompiler:
         self._lock = threading.Lock()
         self._cache: OrderedDict[GuidedSpec, Future[CompiledGuide]] = OrderedDict()
         self._compiler: xgrammar.GrammarCompiler | None = None
+        self._allowed_json: torch.Tensor | None = None
 
     def compile(self, spec: GuidedSpec) -> CompiledGuide:
         """Compiled once per spec; concurrent callers of one spec wait for the first one's compile. An invalid
@@ -129,7 +131,9 @@ class GrammarCompiler:
                 self._cache.move_to_end(spec)
         if owner:
             try:
-                future.set_result(CompiledGuide(spec, self._compile(spec), self.vocab_size, self.stop_token_ids))
+                allowed = self._no_control_characters() if spec.kind in ("json_object", "json_schema") else None
+                future.set_result(CompiledGuide(spec, self._compile(spec), self.vocab_size, self.stop_token_ids,
+                                                allowed))
             except BaseException as exc:
                 with self._lock:
                     if self._cache.get(spec) is future:
@@ -158,6 +162,22 @@ class GrammarCompiler:
             return compiler.compile_grammar(spec.value)
         except (RuntimeError, ValueError, TypeError) as exc:
             raise InvalidGuide(spec.kind, _reason(exc)) from None
+
+    def _no_control_characters(self) -> torch.Tensor:
+        """The tokens whose text holds no control character (U+0000..U+001F), as bitmask words. xgrammar 0.2.9's JSON
+        strings admit raw control characters (byte tokens like "\x00" or "\t"), which strict JSON parsers
+        refuse; lmd's JSON layout has no whitespace outside strings, so a JSON reply never needs them."""
+        with self._lock:
+            if self._allowed_json is None:
+                allowed = allocate_bitmask(1, self.vocab_size)[0]
+                for index in range(min(len(self._tokenizer), self.vocab_size)):
+                    text = self._tokenizer.decode([index])
+                    if any(ord(ch) < 32 for ch in text):
+                        allowed[index // 32] &= ~_bit(index % 32)
+                for token in self.stop_token_ids:  # a stop token ends the reply whatever its text
+                    allowed[token // 32] |= _bit(token % 32)
+                self._allowed_json = allowed
+            return self._allowed_json
 
     def _xgr_compiler(self) -> xgrammar.GrammarCompiler:
         with self._lock:
@@ -201,7 +221,15 @@ class GuidedMatcher:
             for token in self.stop_token_ids:
                 bitmask[row, token // 32] |= _bit(token % 32)
             return True
-        return self._matcher.fill_next_token_bitmask(bitmask, row)
+        masked = self._matcher.fill_next_token_bitmask(bitmask, row)
+        allowed = self.compiled.allowed
+        if allowed is None:
+            return masked
+        stops = [t for t in self.stop_token_ids if bitmask[row, t // 32] & _bit(t % 32)]
+        bitmask[row] &= allowed
+        for token in stops:  # a stop token the grammar allows stays allowed, whatever its text
+            bitmask[row, token // 32] |= _bit(token % 32)
+        return True
 
     def accept(self, token_id: int) -> bool:
         """Advances past `token_id`; False (state unchanged) when the grammar does not allow it."""

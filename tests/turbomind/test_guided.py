@@ -293,6 +293,22 @@ def test_rollback_and_fork_restore_state(compiler, tokenizer):
     assert torch.equal(allowed_tokens(matcher), at_prefix)
 
 
+def test_json_strings_never_take_raw_control_characters(compiler, tokenizer):
+    """xgrammar alone admits byte tokens like "\x00" or "\t" inside a JSON string, which strict parsers refuse
+    (json.loads: "Invalid control character"); lmd's JSON masks leave them out. A regex may still ask for them."""
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    matcher = compiler.matcher(GuidedSpec.from_json_schema(schema))
+    for token in tokenizer.encode('{"name": "', add_special_tokens=False):
+        assert matcher.accept(token)
+    allowed = allowed_tokens(matcher).nonzero().flatten().tolist()
+    assert len(allowed) > 1000  # plenty of string content is allowed
+    assert not [t for t in allowed if t != EOS and any(ord(ch) < 32 for ch in tokenizer.decode([t]))]
+    tab = tokenizer.convert_tokens_to_ids("\u0109")  # byte-level BPE's "\t"
+    regex = compiler.matcher(GuidedSpec("regex", "a\tb"))
+    assert regex.accept(tokenizer.encode("a", add_special_tokens=False)[0])
+    assert bool(allowed_tokens(regex)[tab])
+
+
 def test_padded_vocabulary_never_allows_padding(tokenizer):
     padded = VOCAB + 64  # lm_head rows past the tokenizer (Phi-3 / DeepSeek pad theirs)
     compiler = GrammarCompiler(tokenizer, padded, (EOS,))
