@@ -82,6 +82,14 @@ QuantPolicyOpt = Annotated[
 MaxBatchSizeOpt = Annotated[
     int | None, typer.Option("--max-batch-size", help="Replies generated at once (default: config.ini's).")
 ]
+PrefixCachingOpt = Annotated[
+    bool,
+    typer.Option(
+        "--enable-prefix-caching/--no-enable-prefix-caching",
+        help="Reuse the KV cache of prompt prefixes (whole blocks) that earlier requests computed, e.g. a chat's "
+        "history or a shared system prompt (vLLM's flag; on by default).",
+    ),
+]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto (cuda when available), cuda or cpu.")]
 TpOpt = Annotated[
     int | None,

@@ -20,6 +20,7 @@ from lmd.engine_options import (
     MaxBatchSizeOpt,
     ModelArg,
     PortOpt,
+    PrefixCachingOpt,
     QuantPolicyOpt,
     SessionLenOpt,
     TpOpt,
@@ -68,6 +69,7 @@ def serve_command(
     dtype: DtypeOpt = "auto",
     tp: TpOpt = None,
     enforce_eager: EnforceEagerOpt = False,
+    enable_prefix_caching: PrefixCachingOpt = True,
     log_level: Annotated[str, typer.Option(help=f"uvicorn log level: {', '.join(LOG_LEVELS)}.")] = "info",
     tool_call_parser: Annotated[
         str | None,
@@ -103,6 +105,7 @@ def serve_command(
         device=device,
         dtype=dtype,
         tp=tp,
+        enable_prefix_caching=enable_prefix_caching,
     )
     keys = [k for k in (api_keys or []) if k]
     overrides = {k: v for k, v in overrides.items() if v is not None} | eager_overrides(enforce_eager)
@@ -131,6 +134,7 @@ def _run(engine: Any, name: str, keys: list[str], host: str, port: int, log_leve
         ("max tokens per request", engine.max_len),
         ("max batch size", cfg.max_batch_size),
         ("KV blocks", f"{stats.blocks_total} x {cfg.cache_block_seq_len} tokens"),
+        ("prefix caching", "on" if cfg.enable_prefix_caching else "off"),
         ("KV cache", "int8" if cfg.quant_policy == 4 else "compute dtype"),
         ("decode steps", _decode_mode(engine)),
         ("tool calls", _tool_mode(engine, tool_call_parser)),

@@ -29,8 +29,9 @@ def chain_hash(parent: int | None, tokens: list[int] | tuple[int, ...]) -> int:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
-        self.num_blocks, self.block_size = num_blocks, block_size
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+        """enable_caching=False: no block is ever hashed, so no prompt takes another's KV (every prompt computed)."""
+        self.num_blocks, self.block_size, self.enable_caching = num_blocks, block_size, enable_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
         self._plain: deque[int] = deque(range(num_blocks))  # free, never hashed (or hash dropped)
         self._cached: OrderedDict[int, None] = OrderedDict()  # free but hashed, least recently freed first
@@ -55,7 +56,7 @@ class BlockManager:
         """Cached blocks for the longest prefix of full blocks, leaving at least one token to compute (its logits)."""
         matched: list[int] = []
         parent = None
-        for i in range((len(token_ids) - 1) // self.block_size):
+        for i in range((len(token_ids) - 1) // self.block_size if self.enable_caching else 0):
             parent = chain_hash(parent, token_ids[i * self.block_size:(i + 1) * self.block_size])
             block_id = self._by_hash.get(parent)
             if block_id is None:
@@ -92,6 +93,8 @@ class BlockManager:
     def commit_full_blocks(self, seq: Sequence) -> None:
         """Hash the blocks that became full of computed KV, making them reusable by later prompts."""
         parent = seq.block_hashes[-1] if seq.block_hashes else None
+        if not self.enable_caching:
+            return
         known = min(seq.num_computed_tokens, len(seq.token_ids))  # an in-flight token's id is not known yet
         for i in range(len(seq.block_hashes), known // self.block_size):
             parent = chain_hash(parent, seq.token_ids[i * self.block_size:(i + 1) * self.block_size])

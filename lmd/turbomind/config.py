@@ -92,6 +92,7 @@ class EngineConfig:
     cuda_graph: bool = True  # not in config.ini: replay captured CUDA graphs for decode steps (CUDA, tp = 1)
     async_output: bool | None = None  # not in config.ini: stream a step's text while the next step runs; None: on
     # when the engine thread steps (a caller driving step() itself sees each step's deltas when it returns)
+    enable_prefix_caching: bool = True  # not in config.ini: reuse the KV of full blocks shared by earlier prompts
 
     def __post_init__(self) -> None:
         positive = ("session_len", "max_batch_size", "max_context_token_num", "step_length", "cache_block_seq_len")
@@ -111,7 +112,7 @@ class EngineConfig:
 
 
 _ENGINE_INI_KEYS = {f.name for f in fields(EngineConfig)} - {"device", "dtype", "tp", "tp_rank", "cuda_graph",
-                                                             "async_output"}
+                                                             "async_output", "enable_prefix_caching"}
 
 
 def read_config_ini(path: Path, overrides: dict[str, Any] | None = None) -> tuple[ModelConfig, EngineConfig]:

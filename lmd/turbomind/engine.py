@@ -71,7 +71,7 @@ class Engine:
         self.chat_template = ws.chat_template()
         self.runner = ModelRunner(ws)
         cfg = ws.engine
-        self.block_manager = BlockManager(self.runner.num_blocks, cfg.cache_block_seq_len)
+        self.block_manager = BlockManager(self.runner.num_blocks, cfg.cache_block_seq_len, cfg.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, cfg.max_batch_size, cfg.max_context_token_num, cfg.step_length)
         self.sampler = Sampler()
         self.eos_ids = tuple(dict.fromkeys(ws.model.end_ids + self._template_stop_ids()))

@@ -101,3 +101,20 @@ def test_append_slots_fails_without_side_effects():
     seq.num_computed_tokens = 4
     assert not bm.append_slots(seq, 1)
     assert len(seq.block_table) == 2 and bm.num_free == 0
+
+
+def test_prefix_caching_off_never_shares_blocks(tiny_llama_ws) -> None:
+    """enable_prefix_caching=False (serve --no-enable-prefix-caching): a repeated prompt is computed again."""
+    from lmd.turbomind.engine import Engine
+    from lmd.turbomind.gen_config import GenerationConfig
+
+    prompt = list(range(100, 130))
+    for enabled, hits in ((True, 28), (False, 0)):
+        engine = Engine(tiny_llama_ws[1], start=False, cache_block_seq_len=4, cache_max_entry_count=64,
+                        enable_prefix_caching=enabled)
+        for _ in range(2):
+            engine.generate(prompt, GenerationConfig(max_new_tokens=2, temperature=0))
+            while engine.step():
+                pass
+        stats = engine.stats()
+        assert stats.prefix_hit_tokens == hits and stats.blocks_cached == (7 if enabled else 0)
