@@ -10,15 +10,20 @@ import typer
 
 from lmd.bench.cli_options import (
     AsJson,
+    Baseline,
     DataDir,
     Dataset,
     FixedOutputLen,
+    Force,
+    Label,
     MaxInputLen,
     MaxOutputLen,
     MinInputLen,
     NumPrompts,
+    Plot,
     RandomInputLen,
     RawPrompts,
+    SaveResult,
     Seed,
     Temperature,
     check_temperature,
@@ -36,7 +41,6 @@ from lmd.engine_options import (
     SessionLenOpt,
     TpOpt,
 )
-from lmd.errors import LmdError
 
 if TYPE_CHECKING:
     from lmd.bench.engine_setup import EngineOverrides
@@ -78,7 +82,15 @@ def throughput_command(
     dataset: Dataset = "sharegpt",
     data_dir: DataDir = None,
     num_prompts: NumPrompts = 1000,
-    concurrency: Annotated[int, typer.Option("--concurrency", help="Most requests in flight at once.")] = 64,
+    concurrency: Annotated[
+        list[str],
+        typer.Option(
+            "--concurrency",
+            metavar="N[,N2,...]",
+            help="Most requests in flight at once; a comma list (1,8,32) or repeated flag runs the workload once per "
+            "value on the same engine.",
+        ),
+    ] = ["64"],  # noqa: B006
     max_output_len: MaxOutputLen = 256,
     fixed_output_len: FixedOutputLen = None,
     min_input_len: MinInputLen = 4,
@@ -98,17 +110,24 @@ def throughput_command(
     quant_policy: QuantPolicyOpt = None,
     tp: TpOpt = None,
     enforce_eager: EnforceEagerOpt = False,
+    label: Label = None,
+    save_result: SaveResult = None,
+    plot: Plot = None,
+    baseline: Baseline = None,
+    force: Force = False,
     as_json: AsJson = False,
 ) -> None:
-    """Offline throughput: NUM_PROMPTS requests, at most CONCURRENCY in flight; requests/s, tokens/s, TTFT, TPOT."""
+    """Offline throughput: NUM_PROMPTS requests, at most CONCURRENCY in flight (once per value of a list);
+    requests/s, tokens/s, TTFT, TPOT."""
+    from lmd.bench.outputs import prepare_outputs, write_outputs
     from lmd.bench.sampling import SamplingConfig
     from lmd.bench.workload import build_requests, engine_codec, read_prompt_source, workload_settings
 
-    if concurrency < 1:
-        raise LmdError(f"--concurrency must be at least 1 (got {concurrency})")
+    levels = parse_int_list(concurrency, "--concurrency")
     check_temperature(temperature)
     sampling = SamplingConfig(num_prompts, seed, min_input_len, max_input_len, max_output_len, fixed_output_len)
     overrides = _overrides(locals())
+    outputs = prepare_outputs(save_result, plot, baseline, force)
     source = read_prompt_source(dataset, data_dir, random_input_len)
     from lmd.bench.engine_setup import engine_facts, open_engine
 
@@ -117,17 +136,22 @@ def throughput_command(
         room = (engine.max_len, "--session-len")
         requests = build_requests(engine_codec(engine), source, sampling, not raw_prompts, room)
         settings = engine_facts(engine, model) | workload_settings(source, sampling, not raw_prompts, temperature)
-        from lmd.bench.report import print_throughput, throughput_report
+        from lmd.bench.report import print_throughput, throughput_sweep_report
         from lmd.bench.throughput import run_throughput
 
         with progress_bar("bench throughput", not as_json) as bar:
-            task = bar.add_task("requests", total=len(requests))
-            run = run_throughput(engine, requests, concurrency, temperature, seed, lambda _: bar.advance(task))
-    report = throughput_report(run, settings)
+            task = bar.add_task("requests", total=len(requests) * len(levels))
+            runs = [
+                run_throughput(engine, requests, level, temperature, seed, lambda _: bar.advance(task))
+                for level in levels
+            ]
+    name = label or "lmd"
+    report = throughput_sweep_report(runs, settings, name)
     if as_json:
         typer.echo(json.dumps(report))
     else:
         print_throughput(report)
+    write_outputs(outputs, report, name, f"lmd engine, {model}: {dataset}, {len(requests)} requests")
 
 
 @bench_app.command("latency")

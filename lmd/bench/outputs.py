@@ -33,11 +33,12 @@ def prepare_outputs(save_result: str | None, plot: str | None, baselines: list[s
     return OutputFiles(result, image, tuple(read_baseline(spec) for spec in baselines or ()))
 
 
-def write_outputs(files: OutputFiles, report: dict[str, Any], title: str) -> None:
+def write_outputs(files: OutputFiles, report: dict[str, Any], label: str, title: str) -> None:
+    """`report` (a sweep or one throughput run) to --save-result, and its series, named `label`, to --plot."""
     if files.save_result is not None:
         write_json(files.save_result, report)
     if files.plot is not None:
         from lmd.bench.plot import draw, save
 
-        series = merge_series([series_of(report, report["label"]), *files.baselines])
+        series = merge_series([series_of(report, label), *files.baselines])
         save(draw(series, title), files.plot)

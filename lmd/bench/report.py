@@ -41,6 +41,15 @@ def throughput_report(run: ThroughputRun, settings: dict[str, Any]) -> dict[str,
     }
 
 
+def throughput_sweep_report(runs: list[ThroughputRun], settings: dict[str, Any], label: str) -> dict[str, Any]:
+    """One run: `throughput_report`, as it is (no label). Several (a --concurrency list): one object holding each
+    run's `throughput_report` in order, under the label that --plot and --baseline use."""
+    reports = [throughput_report(run, settings) for run in runs]
+    if len(reports) == 1:
+        return reports[0]
+    return {"benchmark": "throughput", "label": label, "settings": settings, "runs": reports}
+
+
 def latency_report(results: list[BatchLatency], settings: dict[str, Any]) -> dict[str, Any]:
     batches = []
     for r in results:
@@ -98,14 +107,19 @@ def throughput_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def print_throughput(report: dict[str, Any]) -> None:
+    """One run: metric / value; a sweep: a column per concurrency value."""
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="lmd bench throughput", show_header=False)
+    runs = report.get("runs", [report])
+    sweep = len(runs) > 1
+    table = Table(title="lmd bench throughput", show_header=sweep)
     table.add_column("metric", style="bold")
-    table.add_column("value", overflow="fold")
-    for metric, value in throughput_rows(report):
-        table.add_row(metric, value)
+    for run in runs:
+        table.add_column(f"concurrency {run['concurrency']}" if sweep else "value", overflow="fold")
+    columns = [throughput_rows(run) for run in runs]
+    for i, (metric, _) in enumerate(columns[0]):
+        table.add_row(metric, *(rows[i][1] for rows in columns))
     Console().print(table)
 
 

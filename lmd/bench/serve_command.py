@@ -71,6 +71,7 @@ def serve_command(
         list[str] | None,
         typer.Option(
             "--max-concurrency",
+            metavar="N[,N2,...]",
             help="Most requests in flight; a comma list (1,8,32) or repeated flag runs the workload once per value "
             "(default: no limit).",
         ),
@@ -145,7 +146,8 @@ def serve_command(
         from lmd.bench.serve_report import print_serve
 
         print_serve(report)
-    write_outputs(outputs, report, f"{served.id} at {target.base_url}: {dataset}, {num_prompts} requests")
+    title = f"{served.id} at {target.base_url}: {dataset}, {num_prompts} requests"
+    write_outputs(outputs, report, report["label"], title)
 
 
 def _codec(tokenizer: str | None, served: str) -> PromptCodec:

@@ -13,9 +13,25 @@ ENGINE_FLAGS = (
 )
 
 
+# `lmd bench throughput --json` with one --concurrency value, as before concurrency lists (benchmarks/engine.py reads
+# requests_per_s, *_tokens_per_s, ttft_ms, tpot_ms, engine; benchmarks/serving_workloads.py requests, total_s, ...)
+SINGLE_RUN_KEYS = {
+    "benchmark", "settings", "requests", "concurrency", "max_in_flight", "total_s", "requests_per_s", "input_tokens",
+    "output_tokens", "input_tokens_per_s", "output_tokens_per_s", "total_tokens_per_s", "ttft_ms", "tpot_ms",
+    "latency_ms", "finish_reasons", "engine",
+}  # fmt: skip
+
+
 def bench(monkeypatch, capsys, command: str) -> tuple[int, str, str]:
     """`lmd bench` + the words of `command` (paths here hold no spaces)."""
     return run_main(monkeypatch, capsys, "bench", *command.split())
+
+
+def bench_ok(monkeypatch, capsys, command: str) -> str:
+    """What a successful `lmd bench` + `command` printed on stdout."""
+    code, out, err = bench(monkeypatch, capsys, command)
+    assert code == 0, err
+    return out
 
 
 @pytest.fixture
@@ -38,6 +54,7 @@ def test_throughput_json_from_a_sharegpt_file(bench_ws, sharegpt_file, monkeypat
     )
     assert code == 0, err
     report = json.loads(out)
+    assert set(report) == SINGLE_RUN_KEYS  # one --concurrency value: the object benchmarks/*.py and --baseline read
     assert report["benchmark"] == "throughput" and report["requests"] == 6 and report["max_in_flight"] == 2
     assert report["output_tokens"] == 6 * 4 == report["engine"]["generated_tokens"]
     assert report["input_tokens"] == report["engine"]["prompt_tokens"]
@@ -58,6 +75,24 @@ def test_throughput_table_on_random_prompts(bench_ws, monkeypatch, capsys):
     )
     assert code == 0, err
     assert "requests / concurrency" in out and "4 / 64" in out and "40 tokens" in out and "12 tokens" in out
+
+
+def test_a_concurrency_list_runs_the_workload_once_per_value(bench_ws, monkeypatch, capsys):
+    sweep = "--dataset random --random-input-len 6 --num-prompts 4 --fixed-output-len 3 --concurrency 1,2"
+    out = bench_ok(monkeypatch, capsys, f"throughput {bench_ws} {sweep} --concurrency 2 {ENGINE_FLAGS} --json")
+    report = json.loads(out)
+    assert set(report) == {"benchmark", "label", "settings", "runs"} and report["label"] == "lmd"
+    first, second = report["runs"]
+    for run, level in ((first, 1), (second, 2)):
+        assert set(run) == SINGLE_RUN_KEYS and run["settings"] == report["settings"]
+        assert (run["concurrency"], run["max_in_flight"], run["requests"]) == (level, level, 4)
+        assert run["input_tokens"] == 4 * 6 == run["engine"]["prompt_tokens"]
+        assert run["output_tokens"] == 4 * 3 == run["engine"]["generated_tokens"]
+        assert run["ttft_ms"]["count"] == 4 == run["latency_ms"]["count"] and run["finish_reasons"] == {"length": 4}
+        assert run["output_tokens_per_s"] == pytest.approx(12 / run["total_s"])
+        assert run["ttft_ms"]["max"] <= run["latency_ms"]["max"]
+    out = bench_ok(monkeypatch, capsys, f"throughput {bench_ws} {sweep} --num-prompts 2 {ENGINE_FLAGS}")
+    assert "concurrency 1" in out and "concurrency 2" in out and out.count("6 tokens") == 2  # 2 x 3 per run
 
 
 def test_latency_json_and_table(bench_ws, monkeypatch, capsys):
@@ -99,7 +134,11 @@ def test_enforce_eager_reaches_the_engine(bench_ws, monkeypatch, capsys):
     [
         ("throughput {ws} --dataset /nonexistent/sg.json", "--dataset /nonexistent/sg.json: no such file"),
         ("throughput /nonexistent/ws --dataset random", "/nonexistent/ws does not exist"),
-        ("throughput {ws} --concurrency 0", "--concurrency must be at least 1"),
+        ("throughput {ws} --concurrency 0", "--concurrency values must be at least 1"),
+        ("throughput {ws} --concurrency 1,x", "--concurrency '1,x' is not a whole number"),
+        ("throughput {ws} --concurrency 8,", "--concurrency '8,' is not a whole number"),
+        ("throughput {ws} --baseline b.json", "--baseline is drawn in the --plot figure"),
+        ("throughput {ws} --plot out.txt", "--plot out.txt: give a file name ending in .png"),
         ("throughput {ws} --num-prompts 0", "--num-prompts must be at least 1"),
         ("throughput {ws} --min-input-len 9 --max-input-len 3", "--max-input-len 3 is below"),
         ("throughput {ws} --temperature 5", "--temperature 5.0 is outside"),
@@ -121,3 +160,13 @@ def test_sharegpt_without_a_data_dir(bench_ws, monkeypatch, capsys):
     monkeypatch.delenv("LMD_DATA_DIR", raising=False)
     code, _, err = bench(monkeypatch, capsys, f"throughput {bench_ws}")
     assert code == 1 and "set LMD_DATA_DIR" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("flag", ["--save-result", "--plot"])
+def test_an_existing_output_is_refused_before_the_run(bench_ws, tmp_path, monkeypatch, capsys, flag):
+    taken = tmp_path / ("r.json" if flag == "--save-result" else "p.png")
+    taken.write_text("kept")
+    command = f"throughput {bench_ws} --dataset /nonexistent/sg.json --concurrency 1,2 {flag} {taken}"
+    code, out, err = bench(monkeypatch, capsys, command)  # the missing dataset would fail later
+    assert code == 1 and out == "" and "already exists; pass --force" in err and err.count("\n") == 1, err
+    assert taken.read_text() == "kept"

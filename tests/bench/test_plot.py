@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from lmd.bench.result_file import merge_series, read_baseline, series_of
 from tests.eval.test_cli import run_main
 
@@ -59,21 +61,27 @@ def test_figure_has_a_series_per_label(tmp_path):
     assert out.read_bytes().startswith(PNG_MAGIC) and list(tmp_path.glob(".plot.png.tmp-*")) == []
 
 
+@pytest.fixture
+def figures(monkeypatch) -> list:
+    """Every figure the commands draw, in order (plot.draw spied on)."""
+    from lmd.bench import plot
+
+    real_draw, drawn = plot.draw, []
+
+    def spy(series, title):
+        drawn.append(real_draw(series, title))
+        return drawn[-1]
+
+    monkeypatch.setattr(plot, "draw", spy)
+    return drawn
+
+
 def _write(path, body: dict) -> str:
     path.write_text(json.dumps(body))
     return str(path)
 
 
-def test_bench_serve_plots_beside_baselines(server_url, bench_ws, tmp_path, monkeypatch, capsys):
-    from lmd.bench import plot
-
-    real_draw, figures = plot.draw, []
-
-    def spy(series, title):
-        figures.append(real_draw(series, title))
-        return figures[-1]
-
-    monkeypatch.setattr(plot, "draw", spy)
+def test_bench_serve_plots_beside_baselines(server_url, bench_ws, tmp_path, monkeypatch, capsys, figures):
     a = _write(tmp_path / "a.json", _vllm_result(1, 90.0))
     b = _write(tmp_path / "b.json", _vllm_result(2, 150.0))
     image = tmp_path / "cmp.png"
@@ -88,3 +96,36 @@ def test_bench_serve_plots_beside_baselines(server_url, bench_ws, tmp_path, monk
     assert all(list(line.get_xdata()) == [1, 2] for line in figure.axes[1].get_lines())
     code, _, err = run_main(monkeypatch, capsys, *args)  # the image exists now
     assert code == 1 and "--plot" in err and "already exists; pass --force" in err
+
+
+def test_bench_throughput_sweep_plots_and_saves_beside_a_baseline(bench_ws, tmp_path, monkeypatch, capsys, figures):
+    vllm = _write(tmp_path / "v.json", _vllm_result(2, 150.0))
+    image, saved = tmp_path / "engine.png", tmp_path / "engine.json"
+    args = ["bench", "throughput", str(bench_ws), "--dataset", "random", "--random-input-len", "4", "--num-prompts",
+            "3", "--fixed-output-len", "3", "--concurrency", "1,2", "--device", "cpu", "--cache-block-seq-len", "8",
+            "--session-len", "256", "--label", "engine", "--plot", str(image), "--save-result", str(saved),
+            "--baseline", f"vllm={vllm}"]  # fmt: skip
+    code, _, err = run_main(monkeypatch, capsys, *args)
+    assert code == 0, err
+    assert image.read_bytes().startswith(PNG_MAGIC) and sorted(p.name for p in tmp_path.iterdir()) == [
+        "engine.json", "engine.png", "v.json"]  # fmt: skip
+    report = json.loads(saved.read_text())
+    assert report["label"] == "engine" and [r["concurrency"] for r in report["runs"]] == [1, 2]
+    (figure,) = figures
+    throughput, ttft, tpot = figure.axes
+    assert [line.get_label() for line in throughput.get_lines()] == ["engine", "vllm"]
+    assert [line.get_label() for line in ttft.get_lines()] == ["engine p50", "engine p99", "vllm p50", "vllm p99"]
+    own = throughput.get_lines()[0]
+    assert list(own.get_xdata()) == [1, 2]
+    assert list(own.get_ydata()) == [r["output_tokens_per_s"] for r in report["runs"]]
+    assert list(ttft.get_lines()[1].get_ydata()) == [r["ttft_ms"]["p99"] for r in report["runs"]]
+    assert list(tpot.get_lines()[0].get_ydata()) == [r["tpot_ms"]["median"] for r in report["runs"]]
+    assert [p.concurrency for p in read_baseline(str(saved)).points] == [1, 2]  # the saved sweep is a baseline too
+    args[args.index("1,2")] = "4"  # one value, over the same files
+    code, _, err = run_main(monkeypatch, capsys, *args)
+    assert code == 1 and "--save-result" in err and "already exists; pass --force" in err
+    code, _, err = run_main(monkeypatch, capsys, *args, "--force")
+    assert code == 0, err
+    single = json.loads(saved.read_text())
+    assert set(single) == set(report["runs"][0]) and single["concurrency"] == 4  # the single run's --json object
+    assert [line.get_xdata().tolist() for line in figures[-1].axes[0].get_lines()] == [[4], [2]]

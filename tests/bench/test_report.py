@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 
 from lmd.bench.latency import BatchLatency
-from lmd.bench.report import SUMMARY_KEYS, latency_report, print_latency, print_throughput, throughput_report
+from lmd.bench.report import (
+    SUMMARY_KEYS,
+    latency_report,
+    print_latency,
+    print_throughput,
+    throughput_report,
+    throughput_sweep_report,
+)
 from lmd.bench.throughput import STAT_COUNTERS, ThroughputRun
 from lmd.bench.timeline import Timeline
 
@@ -115,3 +122,17 @@ def test_tables_print_the_headline_numbers(capsys, monkeypatch):
     )
     out = capsys.readouterr().out
     assert "10 in / 4 out" in out and "decode ms/tok" in out
+
+
+def test_a_sweep_holds_each_runs_report_and_one_run_stays_as_it_was(capsys, monkeypatch):
+    settings = {"model": "m", "dataset": "d"}
+    one, two = (ThroughputRun(TIMELINES, 2.5, c, c, COUNTERS) for c in (1, 4))
+    assert throughput_sweep_report([one], settings, "lmd") == throughput_report(one, settings)
+    sweep = throughput_sweep_report([one, two], settings, "engine")
+    assert json.loads(json.dumps(sweep)) == sweep
+    assert sweep == {"benchmark": "throughput", "label": "engine", "settings": settings,
+                     "runs": [throughput_report(one, settings), throughput_report(two, settings)]}  # fmt: skip
+    monkeypatch.setenv("COLUMNS", "200")
+    print_throughput(sweep)
+    out = capsys.readouterr().out
+    assert "concurrency 1" in out and "concurrency 4" in out and out.count("775.00 / 800.00") == 2
