@@ -82,12 +82,12 @@ QuantPolicyOpt = Annotated[
 MaxBatchSizeOpt = Annotated[
     int | None, typer.Option("--max-batch-size", help="Replies generated at once (default: config.ini's).")
 ]
-PrefixCachingOpt = Annotated[
+NoPrefixCachingOpt = Annotated[
     bool,
     typer.Option(
-        "--enable-prefix-caching/--no-enable-prefix-caching",
-        help="Reuse the KV cache of prompt prefixes (whole blocks) that earlier requests computed, e.g. a chat's "
-        "history or a shared system prompt (vLLM's flag; on by default).",
+        "--no-enable-prefix-caching",
+        help="Compute every prompt in full instead of reusing the KV cache of prefixes (whole blocks) that earlier "
+        "requests computed, such as a chat's history or a shared system prompt (reuse is on by default; vLLM's flag).",
     ),
 ]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto (cuda when available), cuda or cpu.")]

@@ -19,8 +19,8 @@ from lmd.engine_options import (
     HostOpt,
     MaxBatchSizeOpt,
     ModelArg,
+    NoPrefixCachingOpt,
     PortOpt,
-    PrefixCachingOpt,
     QuantPolicyOpt,
     SessionLenOpt,
     TpOpt,
@@ -69,7 +69,7 @@ def serve_command(
     dtype: DtypeOpt = "auto",
     tp: TpOpt = None,
     enforce_eager: EnforceEagerOpt = False,
-    enable_prefix_caching: PrefixCachingOpt = True,
+    no_enable_prefix_caching: NoPrefixCachingOpt = False,
     log_level: Annotated[str, typer.Option(help=f"uvicorn log level: {', '.join(LOG_LEVELS)}.")] = "info",
     tool_call_parser: Annotated[
         str | None,
@@ -105,7 +105,7 @@ def serve_command(
         device=device,
         dtype=dtype,
         tp=tp,
-        enable_prefix_caching=enable_prefix_caching,
+        enable_prefix_caching=not no_enable_prefix_caching,
     )
     keys = [k for k in (api_keys or []) if k]
     overrides = {k: v for k, v in overrides.items() if v is not None} | eager_overrides(enforce_eager)
