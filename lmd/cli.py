@@ -26,12 +26,14 @@ from lmd.chat.cli_chat import chat_command  # noqa: E402
 from lmd.chat.cli_gradio import gradio_command  # noqa: E402
 from lmd.deploy.command import deploy_command  # noqa: E402
 from lmd.eval.cli import ppl_command  # noqa: E402
+from lmd.eval.tasks.command import tasks_command  # noqa: E402
 from lmd.lite.cli_awq import awq_command  # noqa: E402
 from lmd.lite.cli_calibrate import calibrate_command  # noqa: E402
 from lmd.lite.cli_kv_qparams import kv_qparams_command  # noqa: E402
 from lmd.serve.command import serve_command  # noqa: E402
 
 eval_app.command("ppl")(ppl_command)
+eval_app.command("tasks")(tasks_command)
 app.command("calibrate")(calibrate_command)
 app.command("awq")(awq_command)
 app.command("deploy")(deploy_command)

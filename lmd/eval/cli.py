@@ -56,6 +56,17 @@ def _workspace_scoring_model(workspace: str, device: str, dtype: str, seqlen: in
                         engine.workspace.model.max_position_embeddings)
 
 
+def check_model_flags(model: str, device: str, dtype: str) -> None:
+    """What every `lmd eval` command checks before reading data or weights."""
+    from lmd.model_source import DTYPES, check_device
+
+    if dtype not in DTYPES:
+        raise LmdError(f"--dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
+    if not Path(model).expanduser().exists():
+        raise LmdError(f"model path {model} does not exist; give an HF model directory, a .gguf file or a workspace")
+    check_device(device)
+
+
 def ppl_command(
     model: str = typer.Argument(..., help="HF model directory, .gguf file, or an lmd workspace (run by the engine)."),
     dataset: str = typer.Option("wikitext2", "--dataset",
@@ -75,17 +86,12 @@ def ppl_command(
     from lmd.calib_data.sources import say
     from lmd.calib_data.tokenization import encode
     from lmd.eval.ppl import perplexity
-    from lmd.model_source import DTYPES, check_device
 
     if seqlen < 2:
         raise LmdError(f"--seqlen must be at least 2 (got {seqlen})")
     if max_windows is not None and max_windows < 1:
         raise LmdError(f"--max-windows must be at least 1 (got {max_windows})")
-    if dtype not in DTYPES:
-        raise LmdError(f"--dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
-    if not Path(model).expanduser().exists():
-        raise LmdError(f"model path {model} does not exist; give an HF model directory or a .gguf file")
-    check_device(device)
+    check_model_flags(model, device, dtype)
     text = load_eval_text(dataset, split, data_dir)
     scorer = load_scoring_model(model, device, dtype, seqlen)
     if scorer.max_positions is not None and seqlen > scorer.max_positions:
