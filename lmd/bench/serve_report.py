@@ -3,7 +3,6 @@ rich table of them side by side. Keys follow `lmd bench throughput`'s report whe
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from lmd.bench.report import fmt, ms_summary, stat
@@ -12,11 +11,12 @@ from lmd.bench.serve_run import ServeRun
 SERVE = "serve"
 
 
-def serve_run_report(run: ServeRun, request_rate: float) -> dict[str, Any]:
+def serve_run_report(run: ServeRun, request_rate: float | None) -> dict[str, Any]:
+    """`request_rate`: as the settings record it, None for inf (all at once)."""
     done = run.completed
     return {
         "concurrency": run.max_concurrency,  # None: no limit
-        "request_rate": request_rate if math.isfinite(request_rate) else None,  # None: all at once
+        "request_rate": request_rate,
         "requests": len(run.records),
         "completed": len(done),
         "failed": len(run.records) - len(done),
@@ -39,12 +39,11 @@ def serve_run_report(run: ServeRun, request_rate: float) -> dict[str, Any]:
 
 
 def serve_report(runs: list[ServeRun], settings: dict[str, Any], label: str) -> dict[str, Any]:
-    rate = settings["request_rate"]
     return {
         "benchmark": SERVE,
         "label": label,
         "settings": settings,
-        "runs": [serve_run_report(r, math.inf if rate is None else rate) for r in runs],
+        "runs": [serve_run_report(r, settings["request_rate"]) for r in runs],
     }
 
 
