@@ -169,11 +169,11 @@ async def _sweep(
             raise LmdError(
                 f"the test request to {target.url} failed ({test.error}); check --model, --endpoint and the server's log"
             )
-        runs = []
-        for limit in load.max_concurrency:
-            lens = [r.prompt_len for r in requests]
-            runs.append(await _run_level(client, target.url, bodies, lens, limit, load, on_done, clock))
-        return runs
+        lens = [r.prompt_len for r in requests]
+        return [
+            await _run_level(client, target.url, bodies, lens, limit, load, on_done, clock)
+            for limit in load.max_concurrency
+        ]
 
 
 async def _run_level(
