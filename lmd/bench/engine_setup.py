@@ -68,10 +68,3 @@ def engine_facts(engine: Engine, model: str) -> dict[str, Any]:
         "max_len": engine.max_len,
         "engine_config": asdict(engine.workspace.engine),
     }
-
-
-def random_token_space(engine: Engine) -> tuple[int, tuple[int, ...]]:
-    """(vocabulary size, ids to avoid) for random prompts: ids the tokenizer knows, minus EOS and special tokens."""
-    from lmd.bench.workload import engine_codec
-
-    return engine_codec(engine).random_space()

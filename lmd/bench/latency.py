@@ -14,11 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from lmd.bench.engine_setup import random_token_space
 from lmd.bench.sampling import BenchRequest, random_requests
 from lmd.bench.stats import Summary, summarize
 from lmd.bench.throughput import counter_growth
 from lmd.bench.timeline import Clock, Timeline, generation_config, read_timeline
+from lmd.bench.workload import engine_codec
 from lmd.errors import LmdError
 
 if TYPE_CHECKING:
@@ -106,7 +106,7 @@ def run_latency(
     clock: Clock = time.perf_counter,
 ) -> list[BatchLatency]:
     check_fits(config, engine.max_len, engine.workspace.engine.max_batch_size)
-    vocab, banned = random_token_space(engine)
+    vocab, banned = engine_codec(engine).random_space()
     results, draw = [], config.seed
     for batch_size in config.batch_sizes:
         timed: list[list[Timeline]] = []
