@@ -1,8 +1,8 @@
 """Response bodies and stream chunks of /v1/chat/completions and /v1/completions, built from the engine's deltas.
 
-A response has one choice per prompt (per sample, once n > 1 exists); `choice_index` is the one place that says how
-they are numbered. Chat replies may go through a tool-call parser (one per choice), which turns the text into content
-and `tool_calls`.
+A response has n choices per prompt, prompt by prompt: a choice's position among the streams (as `generation.submit`
+orders them) is its OpenAI index. Chat replies may go through a tool-call parser (one per choice), which turns the
+text into content and `tool_calls`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lmd.serve.generation import summed_usage
 from lmd.serve.tool_parsers import Piece, ToolCall, ToolCallParser
 from lmd.turbomind.request_stream import Delta, Response, Usage
 
@@ -22,11 +21,6 @@ ParserFactory = Callable[[], ToolCallParser]
 
 def new_request_id(chat: bool) -> str:
     return f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-
-
-def choice_index(prompt_index: int, sample_index: int = 0, n: int = 1) -> int:
-    """OpenAI's numbering of the choices of a batched request: the samples of each prompt, prompt after prompt."""
-    return prompt_index * n + sample_index
 
 
 def usage_body(usage: Usage | None) -> dict[str, Any] | None:
@@ -76,12 +70,11 @@ class ResponseBuilder:
 
     # ---- whole response ----
 
-    def full(self, responses: Sequence[Response], usage: Usage | None = None) -> dict[str, Any]:
-        """`responses`: n per prompt, prompt by prompt; `usage`: when not their sum (best_of)."""
+    def full(self, responses: Sequence[Response], usage: Usage | None) -> dict[str, Any]:
+        """`responses`: n per prompt, prompt by prompt; `usage`: the request's (with best_of, of every sample)."""
         choices = []
-        for position, response in enumerate(responses):
-            prompt_index, sample_index = divmod(position, self._n)
-            index = choice_index(prompt_index, sample_index, self._n)
+        for index, response in enumerate(responses):
+            prompt_index = index // self._n
             state = self._choice(index)
             choice: dict[str, Any] = {"index": index}
             if self.chat:
@@ -105,7 +98,7 @@ class ResponseBuilder:
                 choice["token_ids"] = list(response.token_ids)
             choices.append(choice)
         body = self._envelope("chat.completion" if self.chat else "text_completion", choices)
-        body["usage"] = usage_body(usage or summed_usage([r.usage for r in responses], self._n))
+        body["usage"] = usage_body(usage)
         return body
 
     # ---- streaming ----
@@ -113,17 +106,16 @@ class ResponseBuilder:
     def role_chunks(self, count: int, include_usage: bool) -> list[dict[str, Any]]:
         """Chat streams open with the assistant role and empty content, as OpenAI's do, one chunk per choice."""
         return [
-            self._chunk({"index": choice_index(i), "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+            self._chunk({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                          "finish_reason": None}, include_usage)
             for i in range(count)
         ]
 
-    def chunks(self, position: int, delta: Delta, include_usage: bool) -> list[dict[str, Any]]:
-        """The chunks of one delta of stream `position` (n per prompt): none when it carries nothing to show (text
+    def chunks(self, index: int, delta: Delta, include_usage: bool) -> list[dict[str, Any]]:
+        """The chunks of one delta of stream `index` (n per prompt): none when it carries nothing to show (text
         held back, no extras asked); with a tool-call parser, a call is two chunks (id, type and name; then the
         arguments) as OpenAI streams them."""
-        prompt_index, sample_index = divmod(position, self._n)
-        index = choice_index(prompt_index, sample_index, self._n)
+        prompt_index = index // self._n
         state = self._choice(index)
         extras = (self._logprobs or self._token_ids) and bool(delta.token_ids)
         finished = delta.finish_reason is not None
@@ -198,20 +190,11 @@ class ResponseBuilder:
         prompt = self._echo[prompt_index]
         if not self._logprobs:
             return prompt.text, None
-        texts = [self._token_text(t) for t in prompt.token_ids]
         if entries is not None:  # the first sample of a prompt carries them; its siblings reuse them
             self._prompt_entries[prompt_index] = list(entries)
-        entries = self._prompt_entries.get(prompt_index, [None] * len(texts))
-        offsets = []
-        for text in texts:
-            offsets.append(state.text_offset)
-            state.text_offset += len(text)
-        return prompt.text, {
-            "tokens": texts,
-            "token_logprobs": [None if e is None else e[0] for e in entries],
-            "top_logprobs": [None if e is None else {self._token_text(a): alp for a, alp in e[1]} for e in entries],
-            "text_offset": offsets,
-        }
+        entries = self._prompt_entries.get(prompt_index, [None] * len(prompt.token_ids))
+        return prompt.text, self._text_logprobs(state, prompt.token_ids, [None if e is None else e[0] for e in entries],
+                                                [None if e is None else e[1] for e in entries])
 
     def _logprobs_body(self, state: _Choice, token_ids: list[int], logprobs: Any, top: Any) -> dict[str, Any] | None:
         if not self._logprobs or logprobs is None:
@@ -223,12 +206,18 @@ class ResponseBuilder:
                 for t, lp, alts in zip(token_ids, logprobs, tops, strict=True)
             ]
             return {"content": content}
+        return self._text_logprobs(state, token_ids, logprobs, tops)
+
+    def _text_logprobs(self, state: _Choice, token_ids: Sequence[int], logprobs: Sequence[float | None],
+                       tops: Sequence[Any]) -> dict[str, Any]:
+        """Completions' logprobs object (a None entry: no logprob, as the first echoed prompt token has); text
+        offsets run on across the choice's echoed prompt and chunks."""
         texts = [self._token_text(t) for t in token_ids]
         offsets = []
         for text in texts:
             offsets.append(state.text_offset)
             state.text_offset += len(text)
-        top_maps = [{self._token_text(a): alp for a, alp in alts} for alts in tops]
+        top_maps = [None if alts is None else {self._token_text(a): alp for a, alp in alts} for alts in tops]
         return {"tokens": texts, "token_logprobs": list(logprobs), "top_logprobs": top_maps, "text_offset": offsets}
 
     def _token_entry(self, token_id: int, logprob: float) -> dict[str, Any]:

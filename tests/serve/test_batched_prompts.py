@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from lmd.serve.responses import choice_index
 from tests.serve.conftest import MODEL
 
 PROMPTS = ["The capital of France is", "Once upon a time", "1, 2, 3,"]
@@ -17,9 +16,11 @@ def singles(openai_client):
     return [openai_client.completions.create(prompt=p, **GREEDY, extra_body=EXTRA) for p in PROMPTS]
 
 
-def test_choice_index_is_prompt_major():
-    assert [choice_index(p, s, n=2) for p in range(3) for s in range(2)] == list(range(6))
-    assert choice_index(2) == 2
+def test_choice_index_is_prompt_major(openai_client, singles):
+    """n samples of each prompt, prompt after prompt (greedy: a prompt's samples are its single request's text)."""
+    batch = openai_client.completions.create(prompt=PROMPTS, n=2, **GREEDY, extra_body=EXTRA)
+    assert [c.index for c in batch.choices] == list(range(6))
+    assert [c.text for c in batch.choices] == [s.choices[0].text for s in singles for _ in range(2)]
 
 
 def test_list_of_strings_equals_single_requests(openai_client, singles):
