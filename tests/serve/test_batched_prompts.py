@@ -58,16 +58,29 @@ def test_streamed_batch_adds_up_per_index(openai_client, singles):
 
 def test_batch_prompts_are_submitted_together(client, engine, monkeypatch):
     """Every prompt is queued in the engine before the first one's output is read."""
-    queued: list[int] = []
+    events: list[str] = []
     generate = engine.generate
 
+    class Read:
+        """The engine's stream, noting when the app starts reading it."""
+
+        def __init__(self, stream):
+            self._stream = stream
+
+        def __getattr__(self, name):
+            return getattr(self._stream, name)
+
+        def __aiter__(self):
+            events.append("read")
+            return self._stream.__aiter__()
+
     def recording(prompt, config=None, request_id=None, apply_chat_template=True):
-        queued.append(len(prompt))
-        return generate(prompt, config, request_id=request_id, apply_chat_template=apply_chat_template)
+        events.append(f"queue {len(prompt)}")
+        return Read(generate(prompt, config, request_id=request_id, apply_chat_template=apply_chat_template))
 
     monkeypatch.setattr(engine, "generate", recording)
     body = client.post("/v1/completions", json={**GREEDY, "prompt": [[5, 6], [7, 8, 9]], "max_tokens": 2}).json()
-    assert queued == [2, 3] and len(body["choices"]) == 2
+    assert events == ["queue 2", "queue 3", "read", "read"] and len(body["choices"]) == 2
 
 
 def test_logprobs_offsets_run_per_choice(client):
