@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lmd.turbomind.kernels.host_copy import to_device
+from lmd.turbomind.kernels.host_copy import to_device, to_host
 from lmd.turbomind.request_stream import PromptEntry
 from lmd.turbomind.scheduler import ScheduledChunk
 
@@ -58,12 +58,8 @@ class PendingPromptLogprobs:
                 values, indices = lp.topk(k, dim=-1)
                 top_values.append(values)
                 top_ids.append(indices)
-        tensors = [torch.cat(picked)] + ([torch.cat(top_values), torch.cat(top_ids)] if k else [])
-        self._host = tensors
-        if device.type == "cuda":  # queued before the step's sample event, which resolve() waits for
-            self._host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
-            for host, t in zip(self._host, tensors, strict=True):
-                host.copy_(t, non_blocking=True)
+        # queued before the step's sample event, which resolve() runs after
+        self._host = to_host([torch.cat(picked)] + ([torch.cat(top_values), torch.cat(top_ids)] if k else []))
 
     def resolve(self) -> dict[int, list[PromptEntry]]:
         """seq_id -> the entries of its targets, in order (call after the step's sample event)."""

@@ -35,7 +35,7 @@ import torch
 
 from lmd.errors import LmdError
 from lmd.turbomind.gen_config import GenerationConfig
-from lmd.turbomind.kernels.host_copy import to_device
+from lmd.turbomind.kernels.host_copy import to_device, to_host
 
 if TYPE_CHECKING:
     from lmd.turbomind.guided import GuidedMatcher
@@ -72,15 +72,11 @@ class PendingSample:
         self.token_ids_device = token_ids
         self._rows, self._wanted = rows, wanted or []
         tensors = [token_ids] + ([picked, top_values, top_ids] if self._wanted else [])
+        self._host = to_host(tensors)  # type: ignore[arg-type]
         self._event: torch.cuda.Event | None = None
         if token_ids.is_cuda:
-            self._host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]  # type: ignore[union-attr]
-            for host, t in zip(self._host, tensors, strict=True):
-                host.copy_(t, non_blocking=True)  # type: ignore[arg-type]
             self._event = torch.cuda.Event()
             self._event.record()
-        else:
-            self._host = tensors  # type: ignore[assignment]
         self._result: SampleOutput | None = None
 
     def result(self) -> SampleOutput:
