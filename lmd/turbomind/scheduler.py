@@ -81,11 +81,13 @@ class Scheduler:
                 budget -= n
                 i += 1
         admit = not preempted and self._steps % self.step_length == 0
+        # batch slots taken: running sequences and the forks they will make at their first sample (parallel sampling)
+        slots = len(self.running) + sum(s.num_reserved_forks for s in self.running) if self.waiting else 0
         while admit and self.waiting and budget > 0:
             seq = self.waiting[0]
             if seq.num_inflight:  # preempted while its last token was being sampled: admitted once it is known
                 break
-            if len(self.running) + 1 + seq.num_reserved_forks > self.max_batch_size:  # forks take slots too
+            if slots + 1 + seq.num_reserved_forks > self.max_batch_size:
                 break
             matched = [] if seq.prompt_logits else self.block_manager.match_prefix(seq.token_ids)
             hit = len(matched) * self.block_manager.block_size
@@ -99,6 +101,7 @@ class Scheduler:
             self.prefix_hit_tokens += hit
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
+            slots += 1 + seq.num_reserved_forks
             chunks.append(_chunk(seq, n))
             budget -= n
         self._steps += 1

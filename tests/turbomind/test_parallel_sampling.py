@@ -109,3 +109,18 @@ def test_parallel_sampling_errors(tiny_llama_ws):
         GenerationConfig(n=3, best_of=2)
     with pytest.raises(LmdError, match="GenerationConfig.n"):
         GenerationConfig(n=0)
+
+
+def test_forks_to_come_count_against_max_batch_size(tiny_llama_ws):
+    """A request of n samples takes n batch slots from its admission on, so requests admitted after it (before it
+    forks) never push the batch past max_batch_size."""
+    engine = _engine(tiny_llama_ws[1], True, max_batch_size=4)
+    group = engine.generate_samples(_prompt(5), GenerationConfig(n=3, max_new_tokens=6, temperature=0.8, seed=2))
+    others = [engine.generate(_prompt(6 + i), GenerationConfig(max_new_tokens=6, temperature=0, ignore_eos=True))
+              for i in range(2)]
+    most = 0
+    while engine.step():
+        most = max(most, len(engine.scheduler.running))
+    assert most == 4  # the three samples and one other request; the second waits for a slot
+    assert all(s.result().finish_reason for s in group + others)
+    assert engine.stats().blocks_used == 0
