@@ -48,9 +48,7 @@ class Pipeline:
             responses: list = [s.result() for s in streams]
         else:
             groups = [self.engine.generate_samples(p, config, apply_chat_template=do_preprocess) for p in batch]
-            responses = [[s.result() for s in group] for group in groups]
-            if config.num_samples > config.n:
-                responses = [best_by_logprob(group, config.n) for group in responses]
+            responses = [best_by_logprob([s.result() for s in group], config.n) for group in groups]
         return responses[0] if single else responses
 
     def stream_infer(self, prompts: Prompt | Sequence[Prompt], gen_config: GenerationConfig | None = None,

@@ -92,9 +92,9 @@ class BlockManager:
 
     def commit_full_blocks(self, seq: Sequence) -> None:
         """Hash the blocks that became full of computed KV, making them reusable by later prompts."""
-        parent = seq.block_hashes[-1] if seq.block_hashes else None
         if not self.enable_caching:
             return
+        parent = seq.block_hashes[-1] if seq.block_hashes else None
         known = min(seq.num_computed_tokens, len(seq.token_ids))  # an in-flight token's id is not known yet
         for i in range(len(seq.block_hashes), known // self.block_size):
             parent = chain_hash(parent, seq.token_ids[i * self.block_size:(i + 1) * self.block_size])

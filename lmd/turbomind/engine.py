@@ -229,13 +229,14 @@ class Engine:
         rows = {state.seq.seq_id: i for i, state in enumerate(states)}
         self._inflight = _InflightStep(states, sample, InflightIds(rows, sample.token_ids_device), prompt,
                                        prompt_states)
-        if not self._overlap:
-            if self._defer_output:
-                self._emit_pending()  # the previous step's text, while the GPU runs this one
+        if self._overlap:
+            self._emit_pending()  # the previous step's text, while the GPU runs this one
+        elif self._defer_output:  # tp > 1: the previous step's text first, then this step's ids
+            self._emit_pending()
             self._resolve_inflight()
-            if self._defer_output:
-                return True
-        self._emit_pending()
+        else:
+            self._resolve_inflight()
+            self._emit_pending()
         return True
 
     def _resolve_inflight(self) -> bool:

@@ -121,11 +121,10 @@ class GenerationConfig:
             raise _fail("stop_token_ids", self.stop_token_ids, "non-negative integer token ids")
         if not all(isinstance(w, str) and w for w in self.stop_words):
             raise _fail("stop_words", self.stop_words, "non-empty strings")
-        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
-            raise _fail("logprobs", self.logprobs, f"None (off) or an integer in [0, {MAX_LOGPROBS}]")
-        if self.prompt_logprobs is not None and (not _is_int(self.prompt_logprobs)
-                                                 or not 0 <= self.prompt_logprobs <= MAX_LOGPROBS):
-            raise _fail("prompt_logprobs", self.prompt_logprobs, f"None (off) or an integer in [0, {MAX_LOGPROBS}]")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or not 0 <= value <= MAX_LOGPROBS):
+                raise _fail(name, value, f"None (off) or an integer in [0, {MAX_LOGPROBS}]")
         if not _is_int(self.n) or not 1 <= self.n <= MAX_SAMPLES:
             raise _fail("n", self.n, f"an integer in [1, {MAX_SAMPLES}]")
         if self.best_of is not None and (not _is_int(self.best_of) or not self.n <= self.best_of <= MAX_SAMPLES):

@@ -40,7 +40,10 @@ class Delta:
 
 
 def best_by_logprob(responses: list[Response], n: int) -> list[Response]:
-    """best_of: the n responses with the highest cumulative logprob (the sum over their tokens), best first."""
+    """best_of: the n responses with the highest cumulative logprob (the sum over their tokens), best first; n samples
+    without best_of (as many responses as wanted) stay in their order."""
+    if n >= len(responses):
+        return list(responses)
     return sorted(responses, key=lambda r: -sum(r.logprobs or ()))[:n]
 
 
