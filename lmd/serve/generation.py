@@ -76,7 +76,8 @@ def summed_usage(usages: Sequence[Usage | None], samples: int = 1) -> Usage | No
     present = [u for u in usages if u is not None]
     if not present:
         return None
-    firsts = [u for group in range(0, len(usages), samples)
-              for u in [next((x for x in usages[group:group + samples] if x is not None), None)] if u is not None]
-    return Usage(sum(u.prompt_tokens for u in firsts), sum(u.completion_tokens for u in present),
-                 sum(u.cached_tokens for u in firsts))
+    prompts: list[Usage] = []  # one usage per prompt (its first sample that reported one)
+    for start in range(0, len(usages), samples):
+        prompts += [u for u in usages[start:start + samples] if u is not None][:1]
+    return Usage(sum(u.prompt_tokens for u in prompts), sum(u.completion_tokens for u in present),
+                 sum(u.cached_tokens for u in prompts))
