@@ -37,10 +37,3 @@ def served(engine: Any, api_keys: tuple[str, ...] = ()) -> Iterator[str]:
         server.should_exit = True
         thread.join(timeout=30)
         sock.close()
-
-
-def free_port() -> int:
-    """A port nothing listens on (bound, then released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

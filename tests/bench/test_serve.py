@@ -9,7 +9,7 @@ import pytest
 
 from lmd.bench.serve_run import CHAT, COMPLETIONS, LoadConfig, ServeTarget, request_body, run_serve
 from lmd.bench.workload import PromptSource, build_requests, prompt_text, tokenizer_codec
-from tests.bench.served import free_port
+from lmd.turbomind.tp_group import free_port
 from tests.eval.test_cli import run_main
 
 
