@@ -73,6 +73,9 @@ def test_chat_sends_the_offline_benchmarks_prompts(server_url, bench_ws, tmp_pat
     requests = build_requests(codec, read_prompt_source(str(dataset), None, 8), _sampling(3, 2), True, None)
     assert run["input_tokens"] == sum(r.prompt_len for r in requests)  # the server's count of the same prompts
     assert [prompt_text(codec, r) for r in requests] == [r.text for r in requests]
+    # ... and that text is the dataset's prompt whose chat-templated ids the offline benchmark runs
+    prompts = [row["conversations"][0]["value"] for row in rows]
+    assert all(r.text in prompts and codec.encode(r.text, True) == list(r.prompt_ids) for r in requests)
     code, out, err = serve_bench(monkeypatch, capsys, server_url, *flags, "--max-concurrency", "2")
     assert code == 0, err
     assert "TTFT ms mean / p50 / p99" in out and "E2E latency" in out and "3 / 0" in out
