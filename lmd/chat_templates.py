@@ -147,12 +147,17 @@ def _render_llama2(messages: list[Message], add_generation_prompt: bool) -> str:
 
 
 def _render_llama3(messages: list[Message], add_generation_prompt: bool) -> str:
-    parts = ["<|begin_of_text|>"]
-    for m in messages:
-        parts.append(f"<|start_header_id|>{m['role']}<|end_header_id|>\n\n{m['content'].strip()}<|eot_id|>")
+    parts = ["<|begin_of_text|>"] + [_llama3_turn(m["role"], m["content"].strip()) for m in messages]
     if add_generation_prompt:
-        parts.append("<|start_header_id|>assistant<|end_header_id|>\n\n")
+        parts.append(_LLAMA3_REPLY)
     return "".join(parts)
+
+
+_LLAMA3_REPLY = "<|start_header_id|>assistant<|end_header_id|>\n\n"  # a turn's header: the assistant replies next
+
+
+def _llama3_turn(role: str, text: str) -> str:
+    return f"<|start_header_id|>{role}<|end_header_id|>\n\n{text}<|eot_id|>"
 
 
 def _render_vicuna(messages: list[Message], add_generation_prompt: bool) -> str:
@@ -176,15 +181,6 @@ def _render_internlm(messages: list[Message], add_generation_prompt: bool) -> st
     return "".join(parts)
 
 
-def _render_chatml(messages: list[Message], add_generation_prompt: bool) -> str:
-    system, turns = _split_system(messages, QWEN_SYSTEM)
-    parts = [f"<|im_start|>system\n{system}<|im_end|>\n"]
-    parts += [f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in turns]
-    if add_generation_prompt:
-        parts.append("<|im_start|>assistant\n")
-    return "".join(parts)
-
-
 def _render_mistral(messages: list[Message], add_generation_prompt: bool) -> str:
     """Mistral-Instruct: a system prompt is prepended to the first user message (the format has no system role)."""
     system, turns = _split_system(messages)
@@ -199,9 +195,10 @@ def _render_mistral(messages: list[Message], add_generation_prompt: bool) -> str
     return "".join(parts)
 
 
-def _render_qwen25_tools(messages: list[Message], add_generation_prompt: bool, tools: Tools | None) -> str:
-    """Qwen2.5-Instruct's template: tool signatures in the system turn, calls in <tool_call> tags, results as
-    <tool_response> blocks in one user turn per run of tool messages."""
+def _render_chatml(messages: list[Message], add_generation_prompt: bool, tools: Tools | None = None) -> str:
+    """ChatML; tools and tool messages as Qwen2.5-Instruct's template writes them: tool signatures in the system
+    turn, calls in <tool_call> tags, results as <tool_response> blocks in one user turn per run of tool messages.
+    Without them it is plain ChatML."""
     system, turns = _split_system(messages, QWEN_SYSTEM)
     if tools is None:
         parts = [f"<|im_start|>system\n{system}<|im_end|>\n"]
@@ -234,31 +231,32 @@ def _render_llama31_tools(messages: list[Message], add_generation_prompt: bool, 
     """Llama 3.1-Instruct's template (tools in the first user message, its default): an ipython environment, calls
     as {"name", "parameters"} JSON, one per assistant turn, results in ipython turns (JSON-encoded, as it does)."""
     system, turns = _split_system(messages)
-    parts = ["<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n",
-             "Environment: ipython\n" if tools is not None else "",
-             f"Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n{system.strip()}<|eot_id|>"]
+    environment = "Environment: ipython\n" if tools is not None else ""
+    parts = ["<|begin_of_text|>", _llama3_turn("system", f"{environment}Cutting Knowledge Date: December 2023\n"
+                                                         f"Today Date: 26 Jul 2024\n\n{system.strip()}")]
     if tools is not None:
         if not turns:
             raise LmdError("Llama 3.1 puts the tools in the first user message; send one")
         signatures = "".join(json.dumps(t, indent=4, ensure_ascii=False) + "\n\n" for t in tools)
-        parts.append("<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please respond with a "
-                     "JSON for a function call with its proper arguments that best answers the given prompt.\n\n"
-                     'Respond in the format {"name": function name, "parameters": dictionary of argument name and its '
-                     f'value}}.Do not use variables.\n\n{signatures}{turns[0]["content"].strip()}<|eot_id|>')
+        parts.append(_llama3_turn("user", "Given the following functions, please respond with a JSON for a function "
+                                          "call with its proper arguments that best answers the given prompt.\n\n"
+                                          'Respond in the format {"name": function name, "parameters": dictionary of '
+                                          "argument name and its value}.Do not use variables.\n\n"
+                                          f"{signatures}{turns[0]['content'].strip()}"))
         turns = turns[1:]
     for m in turns:
         if "tool_calls" in m:
             if len(m["tool_calls"]) != 1:
                 raise LmdError("Llama 3.1 takes one tool call per assistant message; split them")
             call = m["tool_calls"][0]["function"]
-            parts.append(f'<|start_header_id|>assistant<|end_header_id|>\n\n{{"name": "{call["name"]}", '
-                         f'"parameters": {_tojson(call["arguments"])}}}<|eot_id|>')
+            parts.append(_llama3_turn("assistant", f'{{"name": "{call["name"]}", '
+                                                   f'"parameters": {_tojson(call["arguments"])}}}'))
         elif m["role"] == "tool":
-            parts.append(f"<|start_header_id|>ipython<|end_header_id|>\n\n{_tojson(m['content'])}<|eot_id|>")
+            parts.append(_llama3_turn("ipython", _tojson(m["content"])))
         else:
-            parts.append(f"<|start_header_id|>{m['role']}<|end_header_id|>\n\n{m['content'].strip()}<|eot_id|>")
+            parts.append(_llama3_turn(m["role"], m["content"].strip()))
     if add_generation_prompt:
-        parts.append("<|start_header_id|>assistant<|end_header_id|>\n\n")
+        parts.append(_LLAMA3_REPLY)
     return "".join(parts)
 
 
@@ -318,7 +316,7 @@ _TEMPLATES: dict[str, ChatTemplate] = {
         ChatTemplate("vicuna", ("</s>",), _render_vicuna),
         ChatTemplate("internlm", ("<eoa>",), _render_internlm),
         ChatTemplate("qwen", ("<|im_end|>", "<|endoftext|>"), _render_chatml,
-                     tool_renderer=_render_qwen25_tools, tool_format="hermes"),
+                     tool_renderer=_render_chatml, tool_format="hermes"),
         ChatTemplate("mistral", ("</s>",), _render_mistral, tool_renderer=_render_mistral_v3_tools,
                      tool_format="mistral"),
         ChatTemplate("base", (), _render_base, tokenizer_adds_specials=True),
