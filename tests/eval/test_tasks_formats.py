@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,13 @@ def test_missing_file_and_no_hub_is_one_line(tmp_path, monkeypatch):
                                        r".*set --data-dir or LMD_DATA_DIR") as info:
         load_task("piqa", tmp_path)
     assert "\n" not in str(info.value)
+
+
+def test_unreachable_hub_fails_at_once_without_datasets(tmp_path, monkeypatch):
+    import lmd.calib_data.sources as sources
+
+    monkeypatch.setattr(sources, "hub_reachable", lambda: False)
+    monkeypatch.setitem(sys.modules, "datasets", None)  # importing it would raise: the check must come first
+    with pytest.raises(LmdError, match=r"arc_easy: .*ARC-Easy-Test.jsonl does not exist and the hub "
+                                       r"\(allenai/ai2_arc\) failed: host unreachable; set --data-dir"):
+        load_task("arc_easy", tmp_path)

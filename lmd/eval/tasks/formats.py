@@ -159,8 +159,12 @@ def load_task(task: str, data_dir: str | os.PathLike[str] | None = None, limit: 
 
 
 def _from_hub(task: str, spec: TaskSpec, root: Path) -> tuple[list, str]:
+    from lmd.calib_data.sources import hub_reachable
+
     name, config, split = spec.hub
     try:
+        if not hub_reachable():  # offline, `datasets` would retry for about a minute before failing
+            raise ConnectionError("host unreachable")
         from datasets import load_dataset
 
         rows = load_dataset(name, config, split=split)
