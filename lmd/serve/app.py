@@ -171,15 +171,16 @@ class _Server:
     async def generate(self, request: Request, body: ChatCompletionRequest | CompletionRequest,
                        prompts: list[list[int]], endpoint: str, tools: ToolUse | None = None) -> Response:
         chat = endpoint == CHAT
+        field = "messages" if chat else "prompt"  # what a refused prompt's 400 names
         structured = await self.structured_output(body, tools)
-        configs = self.configs(body, prompts, "messages" if chat else "prompt", structured)
+        configs = self.configs(body, prompts, field, structured)
         if tools is not None:
             configs = [tools.configure(c, body) for c in configs]  # type: ignore[arg-type]
         response_id = new_request_id(chat)
         try:
             streams = submit(self.engine, prompts, configs, engine_request_ids(response_id, len(prompts)))
         except LmdError as exc:
-            raise ApiError(503 if "closed" in str(exc) else 400, str(exc), "messages" if chat else "prompt") from None
+            raise ApiError(503 if "closed" in str(exc) else 400, str(exc), field) from None
         ids = [stream.request_id for stream in streams]  # a prompt's samples are (id, i)
         samples, n = configs[0].num_samples, configs[0].n
         self.in_flight.update(ids)
