@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 import torch
 
 from lmd.errors import LmdError
+from lmd.turbomind.kernels.host_copy import to_device
 
 if TYPE_CHECKING:
     import xgrammar
@@ -273,8 +274,8 @@ def allocate_bitmask(rows: int, vocab_size: int) -> torch.Tensor:
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, row_indices: torch.Tensor | None = None) -> None:
     """logits[r, t] = -inf where bit t of bitmask[r] is 0, for each r in `row_indices` (rows of both tensors, as
-    xgrammar's `indices`; None: every row, in place without a gather); other rows untouched. Logits on any device;
-    the bitmask may stay on the CPU."""
+    xgrammar's `indices`, on the bitmask's device; None: every row, in place without a gather); other rows untouched.
+    Logits on any device; a CPU bitmask goes over through pinned memory, without waiting for the GPU."""
     if logits.dim() != 2 or bitmask.dim() != 2 or bitmask.shape[0] != logits.shape[0]:
         raise LmdError(f"apply_bitmask: logits {tuple(logits.shape)} and bitmask {tuple(bitmask.shape)} must be 2-D "
                        "with one bitmask row per logits row")
@@ -284,13 +285,13 @@ def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, row_indices: torc
     if row_indices is not None and row_indices.numel() == 0:
         return
     words = bitmask if row_indices is None else bitmask.index_select(0, row_indices.to(bitmask.device))
-    words = words.to(logits.device, non_blocking=True)
+    words = to_device(words, torch.int32, logits.device)
     shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
     banned = ((words.unsqueeze(-1) >> shifts) & 1).view(words.shape[0], -1)[:, :vocab] == 0
     if row_indices is None:
         logits.masked_fill_(banned, float("-inf"))
         return
-    index = row_indices.to(logits.device)
+    index = to_device(row_indices, torch.int64, logits.device)
     logits[index] = logits[index].masked_fill_(banned, float("-inf"))
 
 

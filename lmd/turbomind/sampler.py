@@ -244,16 +244,10 @@ def _apply_guided(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
         return
     from lmd.turbomind.guided import allocate_bitmask, apply_bitmask
 
-    bitmask = allocate_bitmask(len(guided), logits.shape[1])
-    masked = [slot for slot, i in enumerate(guided) if rows[i].guided.fill_next_token_bitmask(bitmask, slot)]  # type: ignore[union-attr]
-    if not masked:
-        return
-    device = logits.device
-    index = to_device([guided[slot] for slot in masked], torch.int64, device)
-    words = to_device(bitmask[masked] if len(masked) < len(guided) else bitmask, torch.int32, device)
-    picked = logits[index]
-    apply_bitmask(picked, words)
-    logits[index] = picked
+    bitmask = allocate_bitmask(len(rows), logits.shape[1])
+    masked = [i for i in guided if rows[i].guided.fill_next_token_bitmask(bitmask, i)]  # type: ignore[union-attr]
+    if masked:
+        apply_bitmask(logits, bitmask, torch.tensor(masked))
 
 
 def _sample_top_k_top_p(logits: torch.Tensor, configs: list[GenerationConfig], uniforms: torch.Tensor) -> torch.Tensor:
