@@ -102,18 +102,17 @@ def attention_meta(
     block_tables: Sequence[torch.Tensor],
     device: torch.device,
 ) -> AttentionMeta:
-    """The kernels' metadata of a batch: one host-to-device copy for the lengths, one for the tables (host or
-    device tables), neither waiting for the GPU."""
+    """The kernels' metadata of a batch: one host-to-device copy for the lengths, one for the tables, neither
+    waiting for the GPU."""
     decode = [i for i, n in enumerate(q_lens) if n == 1]
     prefill = [(i, n, ctx) for i, (n, ctx) in enumerate(zip(q_lens, ctx_lens, strict=True)) if n > 1]
     host = [x for row in zip(q_starts, q_lens, ctx_lens, strict=True) for x in row]
     host += [x for i in decode for x in (i, 0)]
     packed = to_device(host, torch.int32, device)
     b = len(q_lens)
-    if b and all(t.device.type == "cpu" for t in block_tables):
-        tables = to_device(torch.nn.utils.rnn.pad_sequence(list(block_tables), batch_first=True), torch.int32, device)
-    elif b:
-        tables = torch.nn.utils.rnn.pad_sequence([t.to(device) for t in block_tables], batch_first=True)
+    if b:  # ForwardBatch.build keeps the tables on the host: padded there, one copy
+        tables = to_device(torch.nn.utils.rnn.pad_sequence([t.cpu() for t in block_tables], batch_first=True),
+                           torch.int32, device)
     else:
         tables = torch.zeros((0, 0), dtype=torch.int32, device=device)
     max_decode_ctx = max((ctx_lens[i] for i in decode), default=0)
