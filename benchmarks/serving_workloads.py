@@ -65,10 +65,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from decode_vs_lmdeploy import write_hf_checkpoint  # noqa: E402
 from engine import LLAMA2_7B, SHAPE_KEYS, TINY, build_workspace  # noqa: E402
 
-from lmd.bench.report import throughput_report  # noqa: E402
+from lmd.bench.report import ms_summary, throughput_report  # noqa: E402
 from lmd.bench.sampling import BenchRequest  # noqa: E402
 from lmd.bench.stats import summarize  # noqa: E402
-from lmd.bench.throughput import counter_growth, run_throughput  # noqa: E402
+from lmd.bench.throughput import run_throughput  # noqa: E402
 from lmd.bench.timeline import generation_config  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -431,12 +431,11 @@ def lmdeploy_child(spec_path: str) -> None:
     total_s, results = pipe._run(coro=run_all(spec["requests"])).result()
     pipe.close()
     tokens = sum(count for _, count in results)
-    ttft = summarize([t for t, _ in results if t is not None])
     short = sum(count != n for (_, count), (_, n) in zip(results, spec["requests"], strict=True))
     report = {"engine_start_s": start_s, "engine": spec["engine"], "requests": len(results), "total_s": total_s,
               "requests_per_s": len(results) / total_s, "output_tokens": tokens, "output_tokens_per_s": tokens / total_s,
               "input_tokens": sum(len(ids) for ids, _ in spec["requests"]), "requests_not_exact": short,
-              "ttft_ms": None if ttft is None else ttft.scaled(1000.0).to_dict()}
+              "ttft_ms": ms_summary(summarize([t for t, _ in results if t is not None]))}
     Path(spec["out"]).write_text(json.dumps(report))
 
 
@@ -548,13 +547,11 @@ def lmd_prefix(engine: Any, conversations: Sequence[tuple[int, int]], settings: 
     for seed, (cache, submit) in enumerate((c, s) for c in ("off", "on") for s in ("sequential", "concurrent")):
         turns = second_turns(engine, conversations, settings, args.prefix_reply_len, args.prefix_turn2_len, vocab,
                              settings.seed + 100 + seed, cache == "on")
-        before = engine.stats()
         run = run_throughput(engine, turns, 1 if submit == "sequential" else len(turns))
-        growth = counter_growth(before, engine.stats())
-        ttft = run.ttft()
+        growth = run.engine_counters
         out.setdefault(cache, {})[submit] = {
             "requests": len(turns), "prompt_tokens": sum(t.prompt_len for t in turns), "total_s": run.total_s,
-            "ttft_ms": None if ttft is None else ttft.scaled(1000.0).to_dict(),
+            "ttft_ms": ms_summary(run.ttft()),
             "prefix_hit_tokens": growth["prefix_hit_tokens"], "computed_tokens": growth["computed_tokens"],
             "cached_tokens_usage": sum(t.cached_tokens for t in run.timelines),
             "output_tokens": run.output_tokens}
