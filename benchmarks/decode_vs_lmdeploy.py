@@ -42,6 +42,7 @@ from engine import LLAMA2_7B, TINY, build_workspace, write_tokenizer  # noqa: E4
 from lmd.bench.latency import LatencyConfig, run_latency  # noqa: E402
 
 INPUT_LEN, OUTPUT_LEN = 128, 128
+LMDEPLOY_SITE = "/tmp/site"  # where the peer's wheels are installed (../shared/peers/README.md)
 
 
 def lmd_rows(ws: Path, args: argparse.Namespace, device: str, async_output: bool) -> dict:
@@ -62,8 +63,8 @@ def lmd_rows(ws: Path, args: argparse.Namespace, device: str, async_output: bool
             "rows": rows}
 
 
-def write_hf_checkpoint(ws: Path, out: Path, shape: dict) -> Path:
-    """lmd's workspace back as an HF Llama directory (the same weights), for the peer."""
+def write_hf_checkpoint(ws: Path, out: Path, shape: dict, session_len: int = 1024, dtype: str = "float16") -> Path:
+    """lmd's workspace back as an HF Llama directory (the same weights), for the peers; `dtype` is config.json's."""
     from safetensors.torch import save_file
     from transformers import LlamaConfig
 
@@ -73,8 +74,8 @@ def write_hf_checkpoint(ws: Path, out: Path, shape: dict) -> Path:
     state = {name: t.contiguous() for name, t in reconstruct_hf_state_dict(ws).items()}
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     del state
-    LlamaConfig(**shape, max_position_embeddings=1024, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2,
-                dtype="float16", architectures=["LlamaForCausalLM"]).save_pretrained(str(out))
+    LlamaConfig(**shape, max_position_embeddings=session_len, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2,
+                dtype=dtype, architectures=["LlamaForCausalLM"]).save_pretrained(str(out))
     write_tokenizer(out, shape["vocab_size"])
     return out
 
@@ -119,21 +120,34 @@ def lmdeploy_child(hf_dir: str, batch_sizes: list[int], warmup: int, iters: int,
     return {"engine_start_s": start_s, "rows": rows}
 
 
-def run_lmdeploy(hf_dir: Path, args: argparse.Namespace) -> dict:
-    wheels = sorted(Path(args.peers, "lmdeploy-pt-0.18", "wheels").glob("*.whl"))
+def install_lmdeploy(peers: str | os.PathLike[str]) -> dict | None:
+    """LMDeploy 0.18's wheels from `<peers>/lmdeploy-pt-0.18/wheels` into LMDEPLOY_SITE, once per machine: None when
+    it is there, else the peer's row saying why not. Children run it with `lmdeploy_env()`."""
+    wheels = sorted(Path(peers, "lmdeploy-pt-0.18", "wheels").glob("*.whl"))
     if not wheels:
-        return {"skipped": f"no LMDeploy wheels under {args.peers}/lmdeploy-pt-0.18/wheels"}
-    site = "/tmp/site"
+        return {"skipped": f"no LMDeploy wheels under {peers}/lmdeploy-pt-0.18/wheels"}
+    if Path(LMDEPLOY_SITE, "lmdeploy").is_dir():
+        return None
     pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                          "--no-cache-dir", "--upgrade", "--target", site, *map(str, wheels)])
+                          "--no-cache-dir", "--upgrade", "--target", LMDEPLOY_SITE, *map(str, wheels)])
     if pip.returncode != 0:
         return {"failed": f"pip install of the LMDeploy wheels: exit code {pip.returncode}"}
+    return None
+
+
+def lmdeploy_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": LMDEPLOY_SITE + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def run_lmdeploy(hf_dir: Path, args: argparse.Namespace) -> dict:
+    not_ready = install_lmdeploy(args.peers)
+    if not_ready is not None:
+        return not_ready
     out = Path(tempfile.mkdtemp()) / "lmdeploy.json"
     cmd = [sys.executable, __file__, "--lmdeploy-child", str(hf_dir), "--child-out", str(out),
            "--batch-sizes", ",".join(map(str, args.batch_sizes)), "--warmup", str(args.warmup),
            "--iters", str(args.iters), "--seed", str(args.seed)]
-    env = {**os.environ, "PYTHONPATH": site + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return run_child(cmd, out, args.peer_timeout, env)
+    return run_child(cmd, out, args.peer_timeout, lmdeploy_env())
 
 
 def run_child(cmd: list[str], out: Path, timeout: float, env: dict | None = None) -> dict:

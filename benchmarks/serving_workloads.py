@@ -45,9 +45,7 @@ import json
 import os
 import random
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -62,7 +60,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from decode_vs_lmdeploy import write_hf_checkpoint  # noqa: E402
+from decode_vs_lmdeploy import install_lmdeploy, lmdeploy_env, run_child, write_hf_checkpoint  # noqa: E402
 from engine import LLAMA2_7B, SHAPE_KEYS, TINY, build_workspace  # noqa: E402
 
 from lmd.bench.report import ms_summary, throughput_report  # noqa: E402
@@ -359,25 +357,15 @@ def hf_static(hf_dir: Path, requests: list[BenchRequest], batch_size: int, dtype
 
 def write_peer_checkpoint(ws: Path, out: Path, spec: ModelSpec, session_len: int) -> Path:
     """The workspace as an HF Llama directory, in the model's dtype and context (LMDeploy and transformers read it)."""
-    from transformers import LlamaConfig
-
-    write_hf_checkpoint(ws, out, spec.shape)
-    hf_dtype = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}[spec.dtype]
-    LlamaConfig(**spec.shape, max_position_embeddings=session_len, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2,
-                dtype=hf_dtype, architectures=["LlamaForCausalLM"]).save_pretrained(str(out))
-    return out
+    return write_hf_checkpoint(ws, out, spec.shape, session_len, str(TORCH_DTYPES[spec.dtype]).removeprefix("torch."))
 
 
 def run_lmdeploy(hf_dir: Path, requests: list[BenchRequest], warmup: list[BenchRequest], settings: Settings,
                  args: argparse.Namespace, left_s: float) -> dict[str, Any]:
-    wheels = sorted(Path(args.peers, "lmdeploy-pt-0.18", "wheels").glob("*.whl"))
-    if not wheels:
-        return {"skipped": f"no LMDeploy wheels under {args.peers}/lmdeploy-pt-0.18/wheels"}
+    not_ready = install_lmdeploy(args.peers)
+    if not_ready is not None:
+        return not_ready
     free_device_memory(settings.device)  # what the last lmd engine left in torch's cache is LMDeploy's free memory
-    site = "/tmp/site"
-    if not Path(site, "lmdeploy").is_dir():
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                        "--no-cache-dir", "--upgrade", "--target", site, *map(str, wheels)], check=True)
     folder = Path(tempfile.mkdtemp())
     spec = {"hf_dir": str(hf_dir), "out": str(folder / "result.json"),
             "requests": [[list(r.prompt_ids), r.output_len] for r in requests],
@@ -386,20 +374,9 @@ def run_lmdeploy(hf_dir: Path, requests: list[BenchRequest], warmup: list[BenchR
                        "cache_max_entry_count": settings.cache_fraction,
                        "max_prefill_token_num": settings.prefill_tokens, "block_size": settings.block_len}}
     (folder / "spec.json").write_text(json.dumps(spec))
-    env = {**os.environ, "PYTHONPATH": site + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    # its own session, so a timeout ends LMDeploy's helper processes too (they hold GPU memory)
-    child = subprocess.Popen([sys.executable, __file__, "--lmdeploy-child", str(folder / "spec.json")], env=env,
-                             start_new_session=True)
-    try:
-        code = child.wait(timeout=max(1.0, min(args.peer_timeout, left_s)))
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(child.pid, signal.SIGKILL)
-        child.wait()
-        return {"failed": f"timed out after {min(args.peer_timeout, left_s):.0f} s"}
-    if code != 0:
-        return {"failed": f"exit code {code}"}
-    return json.loads((folder / "result.json").read_text()) | requested(requests)
+    result = run_child([sys.executable, __file__, "--lmdeploy-child", str(folder / "spec.json")],
+                       folder / "result.json", round(max(1.0, min(args.peer_timeout, left_s))), lmdeploy_env())
+    return result if "failed" in result else result | requested(requests)
 
 
 def lmdeploy_child(spec_path: str) -> None:
