@@ -275,7 +275,7 @@ class Engine:
             if chunk.all_logits:
                 reshaped = True
                 state = self._states[chunk.seq_id]
-                planned = plan(chunk, row, state.seq.token_ids, state.prompt_logprobs_planned,
+                planned = plan(chunk, row, state.seq.num_prompt_tokens, state.prompt_logprobs_planned,
                                state.config.prompt_logprobs or 0)
                 if planned is not None:
                     targets.append(planned)

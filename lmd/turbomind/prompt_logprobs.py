@@ -32,11 +32,12 @@ class PromptTargets:
     top: int  # alternatives wanted per token
 
 
-def plan(chunk: ScheduledChunk, row: int, prompt_ids: list[int], done: int, top: int) -> PromptTargets | None:
+def plan(chunk: ScheduledChunk, row: int, prompt_len: int, done: int, top: int) -> PromptTargets | None:
     """Targets of an all_logits chunk whose logits start at `row`; `done`: prompt tokens already covered (token 0
-    counts as covered: it has no logprob)."""
+    counts as covered: it has no logprob). A recomputed chunk (after preemption) may run on into generated tokens:
+    only prompt tokens are targets."""
     first = max(chunk.start + 1, done)
-    last = min(chunk.start + len(chunk.token_ids), len(prompt_ids) - 1)  # inclusive: position p predicts token p + 1
+    last = min(chunk.start + len(chunk.token_ids), prompt_len - 1)  # inclusive: position p predicts token p + 1
     if last < first:
         return None
     return PromptTargets(chunk.seq_id, row + first - 1 - chunk.start, first, last - first + 1, top)

@@ -90,3 +90,14 @@ def test_prompt_logprobs_config_is_checked():
         GenerationConfig(prompt_logprobs=-1)
     with pytest.raises(LmdError, match="prompt_logprobs"):
         GenerationConfig(prompt_logprobs=1000)
+
+
+def test_a_recomputed_chunk_past_the_prompt_plans_prompt_tokens_only():
+    """After preemption a chunk may cover the prompt's end and generated tokens: only prompt tokens are targets."""
+    from lmd.turbomind.prompt_logprobs import plan
+    from lmd.turbomind.scheduler import ScheduledChunk
+
+    chunk = ScheduledChunk(0, tuple(range(10)), 8, (0, 1, 2, 3, 4), True, True)  # positions 8..17, prompt of 12
+    assert plan(chunk, 0, 12, 12, 0) is None  # every prompt logprob is known already
+    targets = plan(chunk, 3, 12, 9, 1)  # tokens 9, 10, 11 are left; their logits are at positions 8, 9, 10
+    assert (targets.first, targets.count, targets.row) == (9, 3, 3)
