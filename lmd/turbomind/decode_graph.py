@@ -76,12 +76,11 @@ class DecodeGraphs:
     def run(self, chunks: Sequence[tuple[list[int], int, list[int]]],
             inflight: tuple[list[int], torch.Tensor] | None = None) -> torch.Tensor:
         """fp32 logits [len(chunks), vocab] of one decode step (chunks: (one token id, start, block table));
-        `inflight`: (source row per chunk, ids on the device) for the chunks whose id is INFLIGHT (overlap)."""
+        `inflight`: (InflightIds.sources pairs, ids on the device) for the chunks whose id is INFLIGHT (overlap)."""
         n, b = len(chunks), self.bucket(len(chunks))
         self._fill(chunks, b)
         if inflight is not None:
-            sources, ids = inflight
-            patch_inflight(self.input_ids[:b], sources + [-1] * (b - n), ids)
+            patch_inflight(self.input_ids, *inflight)
         if not self.capture:
             return self.model.forward(self._batch(b, [start + 1 for _, start, _ in chunks]), self.cache)[:n]
         graph, logits = self.graphs[b]  # every bucket was captured at start (capture_all)

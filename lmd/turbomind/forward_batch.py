@@ -65,14 +65,19 @@ class InflightIds:
     token_ids: torch.Tensor
 
     def sources(self, chunks: Sequence[tuple[int, Sequence[int]]]) -> list[int] | None:
-        """Per flat token of (seq_id, token ids) chunks: the row its id comes from, -1 where it is known; None when
-        every id is known."""
-        out = [self.rows[seq_id] if t == INFLIGHT else -1 for seq_id, ids in chunks for t in ids]
-        return out if max(out, default=-1) >= 0 else None
+        """(position in the flat batch, row in token_ids) of every INFLIGHT id of (seq_id, token ids) chunks,
+        flattened; None when every id is known. Only a chunk's last id can be in flight (the token after the known
+        ones), so this looks at one id per chunk."""
+        out, end = [], 0
+        for seq_id, ids in chunks:
+            end += len(ids)
+            if ids and ids[-1] == INFLIGHT:
+                out += [end - 1, self.rows[seq_id]]
+        return out or None
 
 
 def patch_inflight(input_ids: torch.Tensor, sources: list[int], inflight: torch.Tensor) -> None:
-    """input_ids[i] = inflight[sources[i]] wherever sources[i] >= 0, on the device: a token sampled by the step
-    still running becomes this step's input without coming back to the host first (overlap)."""
-    src = to_device(sources, torch.int64, input_ids.device)
-    input_ids.copy_(torch.where(src >= 0, inflight[src.clamp(min=0)], input_ids))
+    """input_ids[p] = inflight[r] for each (p, r) pair of `sources` (flattened), on the device: a token sampled by
+    the step still running becomes this step's input without coming back to the host first (overlap)."""
+    pairs = to_device(sources, torch.int64, input_ids.device).view(-1, 2)
+    input_ids[pairs[:, 0]] = inflight[pairs[:, 1]]
