@@ -295,10 +295,12 @@ def requested(requests: Sequence[BenchRequest]) -> dict[str, int]:
             "input_tokens_requested": sum(r.prompt_len for r in requests)}
 
 
-def lmd_real(engine: Any, options: dict[str, Any], requests: list[BenchRequest],
-             warmup: list[BenchRequest]) -> dict[str, Any]:
+def lmd_real(engine: Any, options: dict[str, Any], requests: list[BenchRequest], warmup: list[BenchRequest],
+             during: contextlib.AbstractContextManager[Any] | None = None) -> dict[str, Any]:
+    """Every request at once after a warm-up; `during` (a poller) is entered around the timed run only."""
     run_throughput(engine, warmup, len(warmup))  # first-use costs (allocator, kernels) stay out of timing
-    run = run_throughput(engine, requests, len(requests))
+    with during if during is not None else contextlib.nullcontext():
+        run = run_throughput(engine, requests, len(requests))
     facts = {"kv_blocks": engine.stats().blocks_total, "engine_options": options}
     return throughput_report(run, facts) | requested(requests)
 
@@ -475,13 +477,10 @@ def lmd_kv_run(run: ModelRun, requests: list[BenchRequest], warmup: list[BenchRe
     options = run.settings.engine_options(run.spec.dtype, cache_max_entry_count=float(blocks),
                                           quant_policy=quant_policy)
     with lmd_engine(run.ws, options, run.phases, run.name) as engine:
-        run_throughput(engine, warmup, len(warmup))
-        with RunningBatch(engine) as poll:
-            measured = run_throughput(engine, requests, len(requests))
-        facts = {"kv_blocks": engine.stats().blocks_total, "engine_options": options}
-    counts = measured.engine_counters
-    return (throughput_report(measured, facts) | requested(requests) | poll.report()
-            | {"generated_per_step": counts["generated_tokens"] / max(1, counts["steps"])})
+        poll = RunningBatch(engine)
+        report = lmd_real(engine, options, requests, warmup, during=poll)
+    counts = report["engine"]
+    return report | poll.report() | {"generated_per_step": counts["generated_tokens"] / max(1, counts["steps"])}
 
 
 # ---- 5d: prefix reuse on MT-bench ----
