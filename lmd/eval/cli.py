@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 
     from lmd.eval.ppl import PplResult
 
+ENGINE_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}  # --dtype -> the engine's dtype names
+
 
 @dataclass(frozen=True)
 class ScoringModel:
@@ -35,14 +37,19 @@ def load_scoring_model(model: str, device: str = "cpu", dtype: str = "float32", 
     if is_workspace(model):
         return _workspace_scoring_model(model, device, dtype, seqlen)
     from lmd.eval.ppl import hf_window_scorer
+
+    name, config, tokenizer, lm = load_hf_model(model, device, dtype)
+    return ScoringModel(name, tokenizer, hf_window_scorer(lm, device), getattr(config, "max_position_embeddings", None))
+
+
+def load_hf_model(model: str, device: str, dtype: str) -> tuple[str, Any, Any, Any]:
+    """(display name, config, tokenizer, model) of an HF directory, a .gguf file or a hub id."""
     from lmd.model_source import load_causal_lm, load_config, load_tokenizer, resolve_model
 
     source = resolve_model(model)
     config = load_config(source)  # an unreadable config fails here, before the slow weight load
     tokenizer = load_tokenizer(source)
-    lm = load_causal_lm(source, dtype=dtype, device=device)
-    return ScoringModel(source.display_name, tokenizer, hf_window_scorer(lm, device),
-                        getattr(config, "max_position_embeddings", None))
+    return source.display_name, config, tokenizer, load_causal_lm(source, dtype=dtype, device=device)
 
 
 def _workspace_scoring_model(workspace: str, device: str, dtype: str, seqlen: int) -> ScoringModel:
@@ -50,8 +57,7 @@ def _workspace_scoring_model(workspace: str, device: str, dtype: str, seqlen: in
     weight type and block size apply); --dtype picks the compute dtype."""
     from lmd.turbomind.window_scorer import engine_window_scorer, scoring_engine
 
-    engine = scoring_engine(workspace, seqlen, device=device, dtype={"float32": "fp32", "float16": "fp16",
-                                                                      "bfloat16": "bf16"}[dtype])
+    engine = scoring_engine(workspace, seqlen, device=device, dtype=ENGINE_DTYPES[dtype])
     return ScoringModel(f"{workspace} (engine)", engine.tokenizer, engine_window_scorer(engine),
                         engine.workspace.model.max_position_embeddings)
 

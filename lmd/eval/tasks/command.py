@@ -14,11 +14,11 @@ from lmd.eval.tasks.formats import TASKS
 from lmd.eval.tasks.scoring import Backend, TaskResult
 
 DEFAULT_TASKS = "arc_easy,arc_challenge,piqa,hellaswag,winogrande,lambada"
-ENGINE_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
 
 def load_backend(model: str, device: str = "cpu", dtype: str = "float32") -> Backend:
     """Transformers for an HF directory / .gguf / hub id; the engine (started, serving loop on) for a workspace."""
+    from lmd.eval.cli import ENGINE_DTYPES, load_hf_model
     from lmd.eval.tasks.backends import EngineBackend, HfBackend
     from lmd.turbomind.workspace import is_workspace
 
@@ -26,12 +26,8 @@ def load_backend(model: str, device: str = "cpu", dtype: str = "float32") -> Bac
         from lmd.turbomind.engine import Engine
 
         return EngineBackend(Engine(model, device=device, dtype=ENGINE_DTYPES[dtype]), f"{model} (engine)")
-    from lmd.model_source import load_causal_lm, load_config, load_tokenizer, resolve_model
-
-    source = resolve_model(model)
-    load_config(source)  # an unreadable config fails here, before the slow weight load
-    tokenizer = load_tokenizer(source)
-    return HfBackend(load_causal_lm(source, dtype=dtype, device=device), tokenizer, source.display_name, device)
+    name, _, tokenizer, lm = load_hf_model(model, device, dtype)
+    return HfBackend(lm, tokenizer, name, device)
 
 
 def tasks_command(
