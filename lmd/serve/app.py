@@ -223,8 +223,8 @@ class _Server:
         if any(r.finish_reason == "error" for r in results):
             raise self.engine_failure()
         usage = summed_usage([r.usage for r in results], samples)  # best_of: every sample generated counts
-        if samples > n:  # best_of: the n with the highest cumulative logprob, per prompt
-            results = [r for p in range(0, len(results), samples) for r in best_by_logprob(results[p:p + samples], n)]
+        # best_of: the n with the highest cumulative logprob, per prompt (n samples alone stay as they are)
+        results = [r for p in range(0, len(results), samples) for r in best_by_logprob(results[p:p + samples], n)]
         return JSONResponse(builder.full(results, usage))
 
     async def events(self, streams: list[RequestStream], builder: ResponseBuilder, include_usage: bool,
