@@ -9,7 +9,6 @@ With `start=False` no thread runs and the caller drives `step()` itself (tests, 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from lmd.turbomind.guided import GrammarCompiler
 from lmd.turbomind.kernels.host_copy import to_device
 from lmd.turbomind.model_runner import ModelRunner
 from lmd.turbomind.prompt_logprobs import PendingPromptLogprobs, plan
+from lmd.turbomind.request_checks import checked_request
 from lmd.turbomind.request_state import RequestState
 from lmd.turbomind.request_stream import RequestStream
 from lmd.turbomind.sampler import PendingSample, Sampler
@@ -116,21 +116,12 @@ class Engine:
 
     def _generate(self, prompt: Prompt, config: GenerationConfig, request_id: object,
                   apply_chat_template: bool) -> list[RequestStream]:
-        config.check_vocab(self.workspace.model.vocab_size)
+        token_ids = self.encode(prompt, apply_chat_template)
+        config = checked_request(config, token_ids, vocab_size=self.workspace.model.vocab_size,
+                                 max_batch_size=self.scheduler.max_batch_size, max_len=self.max_len)
         samples = config.num_samples
-        if samples > config.n and config.logprobs is None:  # best_of ranks by cumulative logprob: it needs them
-            config = dataclasses.replace(config, logprobs=0)
-        if samples > self.scheduler.max_batch_size:
-            raise LmdError(f"{samples} samples (n / best_of) of one prompt need {samples} batch slots; this engine "
-                           f"has max_batch_size={self.scheduler.max_batch_size}; ask for fewer or raise it")
         matcher = None if config.guided is None else self.grammar_compiler.matcher(config.guided,
                                                                                    config.stop_token_ids)
-        token_ids = self.encode(prompt, apply_chat_template)
-        if not token_ids:
-            raise LmdError("the prompt is empty; give text, messages or at least one token id")
-        if len(token_ids) >= self.max_len:
-            raise LmdError(f"the prompt has {len(token_ids)} tokens; this engine holds at most {self.max_len} "
-                           "per session (session_len / KV cache); shorten it or raise session_len")
         limit = min(len(token_ids) + config.max_new_tokens, self.max_len)
         with self._cv:
             if self._stopping:
