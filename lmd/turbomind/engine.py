@@ -25,15 +25,13 @@ from lmd.turbomind.guided import GrammarCompiler
 from lmd.turbomind.kernels.host_copy import to_device
 from lmd.turbomind.model_runner import ModelRunner
 from lmd.turbomind.prompt_logprobs import PendingPromptLogprobs, plan
-from lmd.turbomind.request_checks import checked_request
+from lmd.turbomind.request_intake import Prompt, checked_request, encode_prompt
 from lmd.turbomind.request_state import RequestState
 from lmd.turbomind.request_stream import RequestStream
 from lmd.turbomind.sampler import PendingSample, Sampler
 from lmd.turbomind.scheduler import Scheduler, SchedulerOutput
 from lmd.turbomind.sequence import Sequence
 from lmd.turbomind.workspace import Workspace, open_workspace
-
-Prompt = str | list[dict[str, str]] | list[int]
 
 
 @dataclass(frozen=True)
@@ -157,12 +155,7 @@ class Engine:
             self._cv.notify()
 
     def encode(self, prompt: Prompt, apply_chat_template: bool = True) -> list[int]:
-        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-            return list(prompt)
-        if isinstance(prompt, str) and not apply_chat_template:
-            return list(self.tokenizer(prompt)["input_ids"])
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-        return self.chat_template.encode(messages, self.tokenizer)  # type: ignore[arg-type]
+        return encode_prompt(prompt, self.tokenizer, self.chat_template, apply_chat_template)
 
     def stats(self) -> EngineStats:
         bm = self.block_manager

@@ -82,13 +82,16 @@ class RequestStream:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._async_queue: asyncio.Queue[Delta] | None = None
         self._orphaned = False
+        self._sink: Callable[[Delta], None] | None = None
 
     def put(self, delta: Delta) -> None:
         """Called from the engine thread. Never raises: a consumer whose event loop has closed gets its request
         aborted (once) and its remaining deltas dropped, so one dead client cannot stop the engine loop."""
         orphaned = False
         with self._lock:
-            if self._loop is None:
+            if self._sink is not None:
+                self._sink(delta)
+            elif self._loop is None:
                 self._queue.put(delta)
             elif not self._orphaned:
                 try:
@@ -100,6 +103,14 @@ class RequestStream:
 
     def abort(self) -> None:
         self._abort(self.request_id)
+
+    def forward(self, sink: Callable[[Delta], None]) -> None:
+        """Every delta, those already here first, goes to `sink` (called on the engine thread; it must not block)
+        instead of to a reader of this stream: the engine-core process ships them to the client's streams."""
+        with self._lock:
+            while not self._queue.empty():
+                sink(self._queue.get())
+            self._sink = sink
 
     def __iter__(self) -> Iterator[Delta]:
         while True:

@@ -1,12 +1,33 @@
-"""What a request must satisfy before it is queued: one definition, used by the engine and by the engine-core
-client (which refuses a request in the caller's process, before it crosses to the engine process)."""
+"""A request before it is queued: its prompt as token ids and the checks it must pass. One definition, used by the
+engine and by the engine-core client (which encodes and refuses requests in the caller's process, before they cross
+to the engine process)."""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from lmd.errors import LmdError
 from lmd.turbomind.gen_config import GenerationConfig
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from lmd.chat_templates import ChatTemplate
+
+Prompt = str | list[dict[str, str]] | list[int]
+
+
+def encode_prompt(prompt: Prompt, tokenizer: PreTrainedTokenizerBase, chat_template: ChatTemplate,
+                  apply_chat_template: bool = True) -> list[int]:
+    """Token ids as they are; text through the chat template as one user turn (or tokenized as it is, without
+    the template); messages through the chat template."""
+    if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+        return list(prompt)
+    if isinstance(prompt, str) and not apply_chat_template:
+        return list(tokenizer(prompt)["input_ids"])
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    return chat_template.encode(messages, tokenizer)  # type: ignore[arg-type]
 
 
 def checked_request(config: GenerationConfig, token_ids: list[int], *, vocab_size: int, max_batch_size: int,
