@@ -137,6 +137,16 @@ class BlockManager:
         seq.block_table.clear()
         seq.block_hashes.clear()
 
+    def trim(self, seq: Sequence, num_tokens: int) -> None:
+        """Free the blocks past the first `num_tokens` tokens (speculative decoding: they held rejected proposals
+        only, so they are the sequence's own and never hashed)."""
+        keep = self.blocks_for(num_tokens)
+        while len(seq.block_table) > keep:
+            block = self.blocks[seq.block_table.pop()]
+            assert block.ref_count == 1 and block.hash is None, f"block {block.block_id} trimmed while shared"
+            block.ref_count = 0
+            self._plain.append(block.block_id)
+
     def allocate_blocks(self, count: int) -> list[int]:
         """Unhashed blocks outside any sequence (e.g. a scoring window); give them back with `release_blocks`."""
         if count > self.num_free:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +28,11 @@ from lmd.turbomind.prompt_logprobs import PendingPromptLogprobs, plan
 from lmd.turbomind.request_intake import Prompt, checked_request, encode_prompt
 from lmd.turbomind.request_state import RequestState
 from lmd.turbomind.request_stream import RequestStream
-from lmd.turbomind.sampler import PendingSample, Sampler
+from lmd.turbomind.sampler import PendingSample, Sampler, SamplingRow
 from lmd.turbomind.scheduler import Scheduler, SchedulerOutput
 from lmd.turbomind.sequence import Sequence
+from lmd.turbomind.speculative.config import SpeculativeConfig
+from lmd.turbomind.speculative.request import SpeculativeRequest
 from lmd.turbomind.workspace import Workspace, open_workspace
 
 
@@ -48,6 +50,15 @@ class EngineStats:
     generated_tokens: int
     preemptions: int
     steps: int
+    speculative_method: str | None = None  # None: no speculative decoding
+    spec_verifications: int = 0  # sequence-steps that verified at least one proposed token
+    spec_proposed_tokens: int = 0
+    spec_accepted_tokens: int = 0  # proposals the target model confirmed
+
+    @property
+    def spec_mean_accepted_length(self) -> float:
+        """Tokens a verification makes on average: the accepted proposals plus the target's own next token."""
+        return 1 + self.spec_accepted_tokens / self.spec_verifications if self.spec_verifications else 0.0
 
 
 @dataclass
@@ -59,12 +70,19 @@ class _InflightStep:
     ids: InflightIds
     prompt: PendingPromptLogprobs | None = None
     prompt_states: dict[int, RequestState] | None = None  # owners of `prompt`'s targets
+    drafts: dict[int, tuple[int, ...]] = field(default_factory=dict)  # seq_id -> proposals verified
 
 
 class Engine:
-    def __init__(self, workspace: str | Path | Workspace, start: bool = True, **overrides: Any) -> None:
+    def __init__(self, workspace: str | Path | Workspace, start: bool = True,
+                 speculative: SpeculativeConfig | None = None, **overrides: Any) -> None:
         ws = workspace if isinstance(workspace, Workspace) else open_workspace(workspace, **overrides)
+        if speculative is not None and ws.engine.tp > 1:
+            raise LmdError(f"speculative decoding runs with tp=1 only; got tp={ws.engine.tp}")
+        if speculative is not None and speculative.method == "draft":
+            raise LmdError("--speculative-method draft is not available yet; use ngram")
         self.workspace = ws
+        self.speculative = speculative
         self.tokenizer = ws.load_tokenizer()
         self.chat_template = ws.chat_template()
         self.runner = ModelRunner(ws)
@@ -82,6 +100,7 @@ class Engine:
         self._inbox: list[Callable[[], None]] = []
         self._cv = threading.Condition()
         self._counts = dict(prompt_tokens=0, computed_tokens=0, generated_tokens=0, preemptions=0, steps=0)
+        self._spec_counts = dict(spec_verifications=0, spec_proposed_tokens=0, spec_accepted_tokens=0)
         self._stopping = False
         self._defer_output = start if cfg.async_output is None else cfg.async_output
         self._pending: list[tuple[RequestState, int, Any, Any, str | None]] = []  # accepted, text not yet streamed
@@ -118,6 +137,9 @@ class Engine:
         config = checked_request(config, token_ids, vocab_size=self.workspace.model.vocab_size,
                                  max_batch_size=self.scheduler.max_batch_size, max_len=self.max_len)
         samples = config.num_samples
+        if self.speculative is not None and (samples > 1 or config.guided is not None):
+            raise LmdError("speculative decoding serves one sample per prompt without a structured output; "
+                           "drop n / best_of / guided, or start the engine without speculative")
         matcher = None if config.guided is None else self.grammar_compiler.matcher(config.guided,
                                                                                    config.stop_token_ids)
         limit = min(len(token_ids) + config.max_new_tokens, self.max_len)
@@ -137,6 +159,8 @@ class Engine:
                 sample_matcher = matcher if i == 0 or matcher is None else matcher.fork()
                 states.append(RequestState(rid, seq, config, self.tokenizer, self.eos_ids, self.max_len,
                                            RequestStream(rid, self.abort), sample_matcher, sample_index=i))
+                if self.speculative is not None:
+                    states[-1].speculative = SpeculativeRequest(self.speculative)
                 self._seq_of[rid] = seq.seq_id
             first = states[0]
             first.siblings = states[1:]
@@ -159,9 +183,10 @@ class Engine:
 
     def stats(self) -> EngineStats:
         bm = self.block_manager
+        method = None if self.speculative is None else self.speculative.method
         return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), bm.num_blocks, bm.num_used,
                            bm.num_free, bm.num_cached_free, prefix_hit_tokens=self.scheduler.prefix_hit_tokens,
-                           **self._counts)
+                           speculative_method=method, **self._counts, **self._spec_counts)
 
     def close(self) -> None:
         with self._cv:
@@ -194,7 +219,10 @@ class Engine:
         penalties and min_new_tokens see every token.
         Without overlap and with deferred output (tp > 1), only the text waits for the next step."""
         self._drain_inbox()
+        proposed = self._propose() if self.speculative is not None else []
         output = self.scheduler.schedule()
+        for seq in proposed:
+            seq.draft_token_ids = []  # taken into this step's chunks (or dropped: preempted, out of budget)
         if not output.chunks:
             resolved = self._resolve_inflight()
             self._emit_pending()
@@ -205,15 +233,18 @@ class Engine:
         self._counts["steps"] += 1
         self._counts["computed_tokens"] += output.num_tokens
         self._counts["preemptions"] += len(output.preempted)
-        states, logits, prompt, prompt_states = self._sampled_rows(output, logits)  # before a resolve frees any
+        # before a resolve frees any
+        states, logits, prompt, prompt_states, drafts = self._sampled_rows(output, logits)
         self._resolve_inflight()
-        sample = self.sampler.launch(logits, [state.sampling_row() for state in states])
-        for state in states:
+        sample = self.sampler.launch(logits, self._sampling_rows(states, drafts))
+        for state in dict.fromkeys(states):
             state.seq.num_inflight += 1
-        rows = {state.seq.seq_id: i for i, state in enumerate(states)}
+        rows = {state.seq.seq_id: i for i, state in enumerate(states)}  # a verification: its last row (unused)
         self._inflight = _InflightStep(states, sample, InflightIds(rows, sample.token_ids_device), prompt,
-                                       prompt_states)
-        if self._overlap:
+                                       prompt_states, drafts)
+        # A speculating request's next proposal needs every token it has: its steps are not overlapped.
+        speculating = self.speculative is not None and any(state.speculative is not None for state in states)
+        if self._overlap and not speculating:
             self._emit_pending()  # the previous step's text, while the GPU runs this one
         elif self._defer_output:  # tp > 1: the previous step's text first, then this step's ids
             self._emit_pending()
@@ -235,11 +266,18 @@ class Engine:
         if step.prompt is not None:  # copied before the sample event: ready
             for seq_id, entries in step.prompt.resolve().items():
                 step.prompt_states[seq_id].prompt_logprobs.extend(entries)  # type: ignore[index, union-attr]
-        for state, token, logprob, alternatives in zip(step.states, result.token_ids, result.logprobs,
-                                                       result.top_logprobs, strict=True):
+        rows = list(zip(step.states, result.token_ids, result.logprobs, result.top_logprobs, strict=True))
+        i = 0
+        while i < len(rows):
+            state, token, logprob, alternatives = rows[i]
             seq = state.seq
+            drafts = step.drafts.get(seq.seq_id)
+            i += 1 + len(drafts or ())
             seq.num_inflight -= 1
             if state.finished:  # ended (stop string, abort, the step before) while this token was computed: dropped
+                continue
+            if drafts:
+                self._accept_verified(state, rows[i - 1 - len(drafts):i], drafts)
                 continue
             finish = state.accept(token)
             self.block_manager.commit_full_blocks(seq)  # a block its id completes (its KV is in the cache)
@@ -250,11 +288,21 @@ class Engine:
         return True
 
     def _sampled_rows(self, output: SchedulerOutput, logits: torch.Tensor) -> tuple[
-            list[RequestState], torch.Tensor, PendingPromptLogprobs | None, dict[int, RequestState] | None]:
+            list[RequestState], torch.Tensor, PendingPromptLogprobs | None, dict[int, RequestState] | None,
+            dict[int, tuple[int, ...]]]:
         """The states sampled this step and their logits rows (a first sample under parallel sampling brings its
-        siblings, on the same row), and the prompt logprobs of the all_logits chunks (queued)."""
+        siblings, on the same row; a verification of k proposals its state k + 1 times, one row per position), the
+        prompt logprobs of the all_logits chunks (queued), and the proposals verified."""
         states, sample_rows, targets, owners, row, reshaped = [], [], [], {}, 0, False
+        drafts: dict[int, tuple[int, ...]] = {}
         for chunk in output.chunks:
+            if chunk.num_draft:
+                state = self._states[chunk.seq_id]
+                drafts[chunk.seq_id] = chunk.token_ids[-chunk.num_draft:]
+                states.extend([state] * (1 + chunk.num_draft))
+                sample_rows.extend(range(row, row + 1 + chunk.num_draft))
+                row += 1 + chunk.num_draft
+                continue
             width = len(chunk.token_ids) if chunk.all_logits else int(chunk.needs_logits)
             if chunk.all_logits:
                 reshaped = True
@@ -274,10 +322,66 @@ class Engine:
                 reshaped |= len(group) > 1
             row += width
         if not reshaped:
-            return states, logits, None, None
+            return states, logits, None, None, drafts
         prompt_ids = {seq_id: state.seq.token_ids for seq_id, state in owners.items()}
         prompt = PendingPromptLogprobs(logits, targets, prompt_ids) if targets else None
-        return states, logits[to_device(sample_rows, torch.int64, logits.device)], prompt, owners
+        return states, logits[to_device(sample_rows, torch.int64, logits.device)], prompt, owners, drafts
+
+    def _sampling_rows(self, states: list[RequestState], drafts: dict[int, tuple[int, ...]]) -> list[SamplingRow]:
+        """One row per sampled row; row j of a verification sees the first j proposals as its context."""
+        rows, previous, j = [], None, 0
+        for state in states:
+            j = j + 1 if state is previous else 0
+            previous = state
+            rows.append(state.sampling_row(drafts.get(state.seq.seq_id, ())[:j]))
+        return rows
+
+    def _propose(self) -> list[Sequence]:
+        """Proposals for the decoding speculating sequences, from their known tokens only (their steps are not
+        overlapped, so none has a token in flight); at most what their max_tokens leave after the verification's own
+        token, so no verification overshoots."""
+        proposed = []
+        for seq in self.scheduler.running:
+            state = self._states.get(seq.seq_id)
+            if state is None or state.speculative is None or seq.num_inflight or seq.num_uncomputed != 1:
+                continue
+            room = min(seq.max_num_tokens, self.max_len) - len(seq.token_ids) - 1
+            seq.draft_token_ids = state.speculative.propose(seq.token_ids, room)
+            if seq.draft_token_ids:
+                proposed.append(seq)
+        return proposed
+
+    def _accept_verified(self, state: RequestState, rows: list[tuple[Any, int, Any, Any]],
+                         drafts: tuple[int, ...]) -> None:
+        """A verification's tokens: row j's token is accepted while every earlier row's token equals the proposal
+        that follows it (the longest matching prefix, then the target's own token). Each one goes through the stop
+        checks and the text at once, so a stop token, stop string or length ends it exactly where plain decoding
+        would; the KV slots of the rejected proposals are dropped (blocks holding only those freed). The deltas go
+        to the stream here: a speculating request's steps are resolved before the next is launched, so none of its
+        earlier tokens waits in `_pending`."""
+        seq = state.seq
+        accepted = 0
+        for j, (_, token, logprob, alternatives) in enumerate(rows):
+            if j:
+                seq.num_computed_tokens += 1  # proposal j - 1 was right: its KV is the sequence's
+            finish = state.accept(token)
+            self.block_manager.commit_full_blocks(seq)
+            self._counts["generated_tokens"] += 1
+            delta = state.delta(token, logprob, alternatives, finish)
+            state.stream.put(delta)
+            if delta.finish_reason is not None:  # stop or eos token, length, or a stop string
+                self._finish(seq.seq_id, None)
+                break
+            if j == len(drafts) or token != drafts[j]:
+                break
+            accepted += 1
+        counts = self._spec_counts
+        counts["spec_verifications"] += 1
+        counts["spec_proposed_tokens"] += len(drafts)
+        counts["spec_accepted_tokens"] += accepted
+        state.speculative.record(len(drafts), accepted)  # type: ignore[union-attr]
+        if not state.finished:
+            self.block_manager.trim(seq, len(seq.token_ids))
 
     def _fork(self, state: RequestState) -> None:
         """A sibling takes the prompt's KV of the sequence it forks from, or, if that sequence lost it (preempted) or

@@ -146,7 +146,7 @@ class ModelRunner:
                 rows.extend(range(end, end + len(chunk.token_ids)))
             end += len(chunk.token_ids)
             if chunk.needs_logits and not chunk.all_logits:
-                rows.append(end - 1)
+                rows.extend(range(end - 1 - chunk.num_draft, end))  # a verification: every proposal's position too
         sources = None if inflight is None else inflight.sources([(c.seq_id, c.token_ids) for c in output.chunks])
         if sources is not None and self.tp > 1:
             raise LmdError("overlapped steps (in-flight token ids) need tp=1")

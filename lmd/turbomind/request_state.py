@@ -14,6 +14,7 @@ from lmd.turbomind.stop_strings import StopStringMatcher
 
 if TYPE_CHECKING:
     from lmd.turbomind.guided import GuidedMatcher
+    from lmd.turbomind.speculative.request import SpeculativeRequest
 
 _log = logging.getLogger("lmd.engine")
 
@@ -40,10 +41,14 @@ class RequestState:
         # the first delta; `planned`: prompt tokens whose logprobs a scheduled step computes (token 0 has none)
         self.prompt_logprobs: list[PromptEntry] | None = None if config.prompt_logprobs is None else [None]
         self.prompt_logprobs_planned = 1
+        self.speculative: SpeculativeRequest | None = None  # set by an engine that speculates
         self._prompt_sent = False
 
-    def sampling_row(self) -> SamplingRow:
-        return SamplingRow(self.config, self.seq.token_ids, self.seq.num_generated, self.generator, self.eos_ids,
+    def sampling_row(self, drafts: tuple[int, ...] = ()) -> SamplingRow:
+        """`drafts`: the row of a verification after these proposals (penalties and min_new_tokens see them as
+        generated, as they will be if accepted)."""
+        ids = self.seq.token_ids + list(drafts) if drafts else self.seq.token_ids
+        return SamplingRow(self.config, ids, self.seq.num_generated + len(drafts), self.generator, self.eos_ids,
                            self.matcher)
 
     def accept(self, token: int) -> str | None:

@@ -28,6 +28,7 @@ class ScheduledChunk:
     block_table: tuple[int, ...]
     needs_logits: bool  # the chunk ends the sequence's known tokens: sample the next one
     all_logits: bool = False  # logits of every position (prompt logprobs); the last is the sampling row if any
+    num_draft: int = 0  # speculative decoding: the last num_draft ids are proposals; logits of the last 1 + num_draft
 
 
 @dataclass(frozen=True)
@@ -70,15 +71,19 @@ class Scheduler:
             if n == 0:  # nothing new yet (the engine has not appended its sampled token)
                 i += 1
                 continue
-            while not self.block_manager.append_slots(seq, n):
+            drafts = seq.draft_token_ids[:budget - n] if n == seq.num_uncomputed else []
+            while not self.block_manager.append_slots(seq, n + len(drafts)):
+                if drafts:  # short of blocks: verify nothing rather than preempt anyone for proposals
+                    drafts = []
+                    continue
                 victim = self.running[-1]
                 self._preempt(victim)
                 preempted.append(victim.seq_id)
                 if victim is seq:
                     break
             else:
-                chunks.append(_chunk(seq, n))
-                budget -= n
+                chunks.append(_chunk(seq, n, drafts))
+                budget -= n + len(drafts)
                 i += 1
         admit = not preempted and self._steps % self.step_length == 0
         # batch slots taken: running sequences and the forks they will make at their first sample (parallel sampling)
@@ -123,7 +128,7 @@ class Scheduler:
         """The step's KV is in the cache: advance each sequence and publish its newly full blocks."""
         for chunk in output.chunks:
             seq = self._seqs[chunk.seq_id]
-            seq.num_computed_tokens = chunk.start + len(chunk.token_ids)
+            seq.num_computed_tokens = chunk.start + len(chunk.token_ids) - chunk.num_draft  # drafts: once accepted
             self.block_manager.commit_full_blocks(seq)
 
     def finish(self, seq: Sequence) -> None:
@@ -145,9 +150,10 @@ class Scheduler:
         self.waiting.appendleft(seq)
 
 
-def _chunk(seq: Sequence, n: int) -> ScheduledChunk:
+def _chunk(seq: Sequence, n: int, drafts: list[int] | None = None) -> ScheduledChunk:
     start = seq.num_computed_tokens
     ids = seq.token_ids[start:start + n]
     ids += [INFLIGHT] * (n - len(ids))  # the runner takes these from the device (overlap)
-    return ScheduledChunk(seq.seq_id, tuple(ids), start, tuple(seq.block_table), start + n == seq.num_tokens,
-                          seq.prompt_logits and start + 1 < seq.num_prompt_tokens)
+    return ScheduledChunk(seq.seq_id, tuple(ids + (drafts or [])), start, tuple(seq.block_table),
+                          start + n == seq.num_tokens, seq.prompt_logits and start + 1 < seq.num_prompt_tokens,
+                          len(drafts or ()))

@@ -31,6 +31,9 @@ class Sequence:
     max_num_tokens: int = 1 << 62  # the request ends by length here: an in-flight token at it needs no step
     num_reserved_forks: int = 0  # parallel sampling: sequences forked from this one at its first sample
     prompt_logits: bool = False  # every prompt position's logits are wanted (prompt logprobs): no prefix-cache hits
+    # Speculative decoding: tokens proposed to follow the known ones, verified by the next step (set by the engine
+    # before scheduling, consumed by the scheduler; their KV counts as computed only once they are accepted)
+    draft_token_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.num_prompt_tokens < 0:

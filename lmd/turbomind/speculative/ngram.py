@@ -1,0 +1,34 @@
+"""N-gram prompt lookup: propose the tokens that followed the latest earlier occurrence of the sequence's last n
+tokens (prompt and output so far), trying the longest n first.
+
+The index is incremental: each n-gram is entered once, when the token after it is known, under its end position, so
+a lookup costs O(max n) whatever the sequence's length. An n-gram is indexed only once a token follows it, so the
+sequence's own suffix never matches itself.
+"""
+
+from __future__ import annotations
+
+
+class NgramIndex:
+    def __init__(self, min_n: int, max_n: int) -> None:
+        self.min_n, self.max_n = min_n, max_n
+        self._latest: dict[tuple[int, ...], int] = {}  # n-gram -> position of the token after its latest occurrence
+        self._indexed = 0  # tokens token_ids[:_indexed] have their n-grams ending before them entered
+
+    def propose(self, token_ids: list[int], limit: int) -> list[int]:
+        """Up to `limit` tokens continuing `token_ids` (which only ever grows), or [] when no n-gram matches."""
+        self._extend(token_ids)
+        if limit <= 0:
+            return []
+        end = len(token_ids)
+        for n in range(min(self.max_n, end - 1), self.min_n - 1, -1):
+            follow = self._latest.get(tuple(token_ids[end - n:]))
+            if follow is not None:
+                return token_ids[follow:follow + limit]
+        return []
+
+    def _extend(self, token_ids: list[int]) -> None:
+        for follow in range(max(self._indexed, 1), len(token_ids)):
+            for n in range(self.min_n, min(self.max_n, follow) + 1):
+                self._latest[tuple(token_ids[follow - n:follow])] = follow
+        self._indexed = max(self._indexed, len(token_ids))

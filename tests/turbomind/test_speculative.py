@@ -1,0 +1,152 @@
+"""Speculative decoding with n-gram prompt lookup: greedy streams token-identical to plain decoding (stop strings,
+stop ids, lengths, logprobs, penalties, preemption, abort), block accounting exact, and sampling unchanged in
+distribution (chi-square)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lmd.errors import LmdError
+from lmd.turbomind.engine import Engine
+from lmd.turbomind.gen_config import GenerationConfig
+from lmd.turbomind.speculative.config import SpeculativeConfig, parse_tree
+from lmd.turbomind.speculative.ngram import NgramIndex
+from lmd.turbomind.speculative.request import SpeculativeRequest
+
+NGRAM = SpeculativeConfig("ngram", num_speculative_tokens=4, prompt_lookup_min=1)
+
+
+def _prompts() -> list[list[int]]:
+    """Prompts that repeat themselves, so that lookups find matches (the tiny random model also loops)."""
+    g = torch.Generator().manual_seed(3)
+    out = []
+    for n in (7, 12, 5, 9, 15, 4):
+        part = torch.randint(0, 49152, (n,), generator=g).tolist()
+        out.append(part + part[: n // 2] + part)
+    return out
+
+
+def _run(ws, configs, speculative=None, abort_at=None, prompts=None, one_at_a_time=False, **options):
+    engine = Engine(ws, start=False, speculative=speculative, cache_block_seq_len=4, max_context_token_num=64,
+                    **{"cache_max_entry_count": 96, **options})
+    prompts = prompts or _prompts()
+    results = []
+    groups = [[i] for i in range(len(configs))] if one_at_a_time else [list(range(len(configs)))]
+    steps = 0
+    for group in groups:
+        streams = {i: engine.generate(prompts[i], configs[i], request_id=i) for i in group}
+        while engine.step():
+            steps += 1
+            if steps == abort_at:
+                engine.abort(2)
+        results += [[(d.text, d.token_ids, d.finish_reason, d.logprobs) for d in streams[i]] for i in group]
+    stats = engine.stats()
+    assert stats.blocks_free == stats.blocks_total and stats.running == 0
+    return results, stats
+
+
+def _tokens(deltas) -> list[int]:
+    return [t for d in deltas for t in d[1]]
+
+
+def _text(deltas) -> str:
+    return "".join(d[0] for d in deltas)
+
+
+def test_ngram_index_proposes_the_latest_continuation():
+    index = NgramIndex(1, 3)
+    ids = [5, 6, 7, 8, 9, 5, 6, 7, 1, 2, 5, 6]
+    assert index.propose(ids, 3) == [7, 1, 2]  # (5, 6) last seen before 7, 1, 2
+    ids += [7]
+    assert index.propose(ids, 2) == [1, 2]  # (5, 6, 7) latest at position 5
+    assert index.propose(ids, 0) == []
+    assert NgramIndex(2, 3).propose([1, 2, 3, 4], 4) == []  # no repeated n-gram
+    assert index.propose(ids + [3], 1) == []  # 3 never seen before
+    assert index.propose(ids + [3, 9], 2) == [5, 6]  # only the 1-gram (9,) matches
+
+
+def test_backoff_after_failed_verifications():
+    request = SpeculativeRequest(NGRAM)
+    ids = [1, 2, 3, 1, 2]
+    assert request.propose(ids, 4) == [3, 1, 2]
+    request.record(3, 0)
+    assert request.propose(ids, 4) == []  # one plain step
+    assert request.propose(ids, 4) == [3, 1, 2]
+    request.record(3, 0)
+    assert [request.propose(ids, 4) for _ in range(3)] == [[], [], [3, 1, 2]]  # two plain steps
+    request.record(3, 1)
+    assert request.propose(ids, 4) == [3, 1, 2]
+
+
+def test_config_checks():
+    assert parse_tree("2x4") == (2, 4)
+    with pytest.raises(LmdError, match="BRANCHxDEPTH"):
+        parse_tree("2-4")
+    with pytest.raises(LmdError, match="needs --speculative-model"):
+        SpeculativeConfig("draft")
+    with pytest.raises(LmdError, match="need --speculative-method draft"):
+        SpeculativeConfig("ngram", model="ws")
+    with pytest.raises(LmdError, match="unknown"):
+        SpeculativeConfig("medusa")
+
+
+def _greedy_configs(reference_texts=None) -> list[GenerationConfig]:
+    lengths = [20, 13, 31, 8, 25, 17]
+    configs = []
+    for i, n in enumerate(lengths):
+        extra = {}
+        if reference_texts is not None and i in (0, 4):  # a stop string cut from the free-running text
+            text = reference_texts[i]
+            word = text[len(text) // 2:len(text) // 2 + 3]
+            if word.strip():
+                extra["stop_words"] = [word]
+        if i == 1:
+            extra.update(logprobs=2)
+        if i == 3:
+            extra.update(repetition_penalty=1.2, min_new_tokens=5)
+        configs.append(GenerationConfig(max_new_tokens=n, temperature=0, ignore_eos=i != 5, **extra))
+    return configs
+
+
+def test_greedy_ngram_streams_equal_plain_decoding(tiny_llama_ws):
+    ws = tiny_llama_ws[1]
+    free, _ = _run(ws, _greedy_configs())
+    configs = _greedy_configs([_text(d) for d in free])
+    assert sum(c.stop_words is not None for c in configs) >= 1
+    for one in (True, False):
+        plain, plain_stats = _run(ws, configs, one_at_a_time=one)
+        ours, stats = _run(ws, configs, NGRAM, one_at_a_time=one)
+        assert [_tokens(d) for d in ours] == [_tokens(d) for d in plain]
+        assert [_text(d) for d in ours] == [_text(d) for d in plain]
+        assert [d[-1][2] for d in ours] == [d[-1][2] for d in plain]
+        lp_ours = [x for d in ours[1] for x in d[3]]
+        lp_plain = [x for d in plain[1] for x in d[3]]
+        assert lp_ours == pytest.approx(lp_plain, abs=1e-4)
+        assert stats.generated_tokens == plain_stats.generated_tokens
+        assert stats.speculative_method == "ngram"
+        assert stats.spec_accepted_tokens > 0 and stats.spec_proposed_tokens > stats.spec_accepted_tokens
+        assert stats.steps < plain_stats.steps  # accepted proposals saved steps
+        assert 1 < stats.spec_mean_accepted_length <= 1 + NGRAM.num_speculative_tokens
+
+
+def test_greedy_ngram_with_preemption_and_abort(tiny_llama_ws):
+    ws = tiny_llama_ws[1]
+    configs = [GenerationConfig(max_new_tokens=18, temperature=0, ignore_eos=True) for _ in range(6)]
+    small = dict(cache_max_entry_count=40)  # 160 tokens of KV for six requests of up to 57: preemption
+    plain, _ = _run(ws, configs, abort_at=None, **small)
+    ours, stats = _run(ws, configs, NGRAM, **small)
+    assert stats.preemptions > 0
+    assert [_tokens(d) for d in ours] == [_tokens(d) for d in plain]
+    aborted, _ = _run(ws, configs, NGRAM, abort_at=4, **small)
+    assert aborted[2][-1][2] == "abort"
+    assert _tokens(aborted[2]) == _tokens(plain[2])[:len(_tokens(aborted[2]))]
+    assert all(_tokens(d) == _tokens(plain[i]) for i, d in enumerate(aborted) if i != 2)
+
+
+def test_refused_combinations(tiny_llama_ws):
+    engine = Engine(tiny_llama_ws[1], start=False, speculative=NGRAM, cache_max_entry_count=16)
+    with pytest.raises(LmdError, match="one sample per prompt"):
+        engine.generate_samples([1, 2, 3], GenerationConfig(n=2, temperature=1.0))
+    with pytest.raises(LmdError, match="not available yet"):
+        Engine(tiny_llama_ws[1], start=False, speculative=SpeculativeConfig("draft", model="x"))
