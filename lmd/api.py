@@ -10,17 +10,22 @@ import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lmd.turbomind.engine import Engine, Prompt
 from lmd.turbomind.gen_config import GenerationConfig
 from lmd.turbomind.request_stream import Delta, Response, best_by_logprob
 from lmd.turbomind.workspace import is_workspace
 
+if TYPE_CHECKING:
+    from lmd.turbomind.engine_core import EngineClient
+
 
 class Pipeline:
     def __init__(self, model: str | Path, model_name: str = "hf", deploy_options: dict[str, Any] | None = None,
-                 **engine_options: Any) -> None:
+                 engine_process: bool = False, **engine_options: Any) -> None:
+        """`engine_process`: run the engine in a child process (`EngineClient`) rather than on a thread of this
+        one, so the caller's own Python work never delays its steps (what `lmd serve` does)."""
         self._tmp: Path | None = None
         workspace = Path(model).expanduser()
         if not is_workspace(workspace):
@@ -33,7 +38,12 @@ class Pipeline:
             except BaseException:
                 self.close()
                 raise
-        self.engine = Engine(workspace, **engine_options)
+        if engine_process:
+            from lmd.turbomind.engine_core import EngineClient
+
+            self.engine: Engine | EngineClient = EngineClient(workspace, **engine_options)
+        else:
+            self.engine = Engine(workspace, **engine_options)
 
     def __call__(self, prompts: Prompt | Sequence[Prompt], gen_config: GenerationConfig | None = None,
                  do_preprocess: bool = True) -> Response | list[Response] | list[list[Response]]:
@@ -75,9 +85,10 @@ class Pipeline:
 
 
 def pipeline(model: str | Path, model_name: str = "hf", deploy_options: dict[str, Any] | None = None,
-             **engine_options: Any) -> Pipeline:
-    """A workspace, or an HF model dir / .gguf file (deployed first with `model_name` as its chat template)."""
-    return Pipeline(model, model_name, deploy_options, **engine_options)
+             engine_process: bool = False, **engine_options: Any) -> Pipeline:
+    """A workspace, or an HF model dir / .gguf file (deployed first with `model_name` as its chat template);
+    `engine_process`: the engine in a child process."""
+    return Pipeline(model, model_name, deploy_options, engine_process, **engine_options)
 
 
 def _is_single(prompts: Any) -> bool:

@@ -18,6 +18,7 @@ from lmd.errors import LmdError
 
 if TYPE_CHECKING:
     from lmd.turbomind.engine import Engine
+    from lmd.turbomind.engine_core import EngineClient
     from lmd.turbomind.gen_config import GenerationConfig
 
 ModelArg = Annotated[
@@ -170,8 +171,10 @@ def split_flags(flags: dict[str, Any]) -> tuple[GenerationConfig, dict[str, Any]
 
 
 @contextmanager
-def open_chat_engine(model: str, model_name: str | None, overrides: dict[str, Any]) -> Iterator[Engine]:
-    """The engine for MODEL, closed (and a temporary workspace removed) on exit."""
+def open_chat_engine(model: str, model_name: str | None, overrides: dict[str, Any],
+                     engine_process: bool = False) -> Iterator[Engine | EngineClient]:
+    """The engine for MODEL (in a child process with `engine_process`), closed (and a temporary workspace removed)
+    on exit."""
     from rich.console import Console
 
     from lmd.chat_templates import get_chat_template
@@ -190,7 +193,7 @@ def open_chat_engine(model: str, model_name: str | None, overrides: dict[str, An
     with Console(stderr=True).status(what):
         from lmd.api import Pipeline
 
-        pipe = Pipeline(model, model_name or "hf", **overrides)
+        pipe = Pipeline(model, model_name or "hf", engine_process=engine_process, **overrides)
     try:
         yield pipe.engine
     finally:

@@ -70,6 +70,14 @@ def serve_command(
     tp: TpOpt = None,
     enforce_eager: EnforceEagerOpt = False,
     no_enable_prefix_caching: NoPrefixCachingOpt = False,
+    disable_frontend_multiprocessing: Annotated[
+        bool,
+        typer.Option(
+            "--disable-frontend-multiprocessing",
+            help="Step the engine on a thread of the server's process instead of in a process of its own (vLLM's "
+            "flag). The default, a separate engine process, keeps the HTTP and JSON work from delaying its steps.",
+        ),
+    ] = False,
     log_level: Annotated[str, typer.Option(help=f"uvicorn log level: {', '.join(LOG_LEVELS)}.")] = "info",
     tool_call_parser: Annotated[
         str | None,
@@ -109,7 +117,7 @@ def serve_command(
     )
     keys = [k for k in (api_keys or []) if k]
     overrides = {k: v for k, v in overrides.items() if v is not None} | eager_overrides(enforce_eager)
-    with open_chat_engine(model, chat_template, overrides) as engine:
+    with open_chat_engine(model, chat_template, overrides, engine_process=not disable_frontend_multiprocessing) as engine:
         _run(engine, model_name or _default_name(model), keys, host, port, log_level, tool_call_parser)
 
 
@@ -120,6 +128,7 @@ def _run(engine: Any, name: str, keys: list[str], host: str, port: int, log_leve
     from rich.table import Table
 
     from lmd.serve.app import create_app
+    from lmd.turbomind.engine_core import EngineClient
 
     app = create_app(engine, name, keys, tool_call_parser)
     stats, cfg = engine.stats(), engine.workspace.engine
@@ -130,6 +139,7 @@ def _run(engine: Any, name: str, keys: list[str], host: str, port: int, log_leve
         ("model", name),
         ("workspace", str(engine.workspace.root)),
         ("device", str(engine.runner.device)),
+        ("engine", f"process {engine.pid}" if isinstance(engine, EngineClient) else "a thread of this process"),
         ("tensor parallel", _tp_mode(engine.workspace)),
         ("max tokens per request", engine.max_len),
         ("max batch size", cfg.max_batch_size),
