@@ -30,11 +30,12 @@ import torch.nn as nn
 
 from lmd.arch import ArchSpec, decoder_layers, get_arch, get_module
 from lmd.errors import LmdError
+from lmd.lite.autoround import SignRoundConfig, sign_round_block
 from lmd.lite.awq_clip import apply_clip, apply_clip_range, search_clip, search_clip_asymmetric
 from lmd.lite.awq_inputs import BlockInputs, collect_block_inputs
 from lmd.lite.awq_round import Rounding, round_linear
 from lmd.lite.awq_search import HeadTying, ScaleGroup, ScaleResult, fold_scales, search_scale
-from lmd.lite.layerwise import capture_layer0_inputs, layer_on, run_layer
+from lmd.lite.layerwise import LayerInputs, capture_layer0_inputs, layer_on, run_layer
 from lmd.lite.quantizer import QuantizedWeight, fitting_group_sizes
 
 GROUP_SIZES = (128, 64, 32)
@@ -55,6 +56,9 @@ class AwqConfig:
     refine_scale: bool = False  # fit each group's scale and zero point to its input Gram matrix after clipping
     gptq: bool = False  # GPTQ error-feedback rounding on the AWQ grid
     quantized_inputs: bool = False  # calibrate each block on the quantized previous blocks' outputs
+    sign_round: bool = False  # AutoRound: rounding and clipping learned against the float block's output
+    sign_round_iters: int = 100
+    sign_round_batch: int = 2  # calibration sequences per signed-gradient step
     batch_size: int = 16
     device: str = "cpu"
 
@@ -71,6 +75,12 @@ class AwqConfig:
             raise LmdError(f"--batch-size {self.batch_size} must be at least 1")
         if self.asym_clip and not self.clip:
             raise LmdError("--asym-clip changes the clip search, which --no-clip turns off; drop one of them")
+        if self.sign_round and (self.clip or self.rounding.needs_hessian):
+            raise LmdError("--method autoround learns its own clipping and rounding; drop --clip, --gptq and "
+                           "--refine-scale (or use --method awq / awq-gptq)")
+        if self.sign_round_iters < 1 or self.sign_round_batch < 1:
+            raise LmdError(f"--autoround-iters {self.sign_round_iters} and --autoround-batch "
+                           f"{self.sign_round_batch} must be at least 1")
         if self.quantized_inputs and not self.calibrated:
             raise LmdError(
                 "--quantized-inputs needs a calibrated method; drop --no-search-scale/--no-clip or add "
@@ -89,12 +99,38 @@ class AwqConfig:
             base = "awq-scale"
         else:
             base = "rtn-clip" if self.clip else "rtn"
+        if self.sign_round:
+            return ("awq-scale" if self.search_scale else "") + ("+" if self.search_scale else "") + "autoround"
         return base + ("+refine" if self.refine_scale else "") + ("+gptq" if self.gptq else "")
 
     @property
     def calibrated(self) -> bool:
         """Whether the method reads activations (plain RTN does not)."""
-        return self.search_scale or self.clip or self.rounding.needs_hessian
+        return self.search_scale or self.clip or self.rounding.needs_hessian or self.sign_round
+
+
+@dataclass(frozen=True)
+class MethodFields:
+    """What `--method` sets; the other flags (--no-clip, --refine-scale, ...) still apply on top."""
+
+    search_scale: bool
+    clip: bool
+    gptq: bool = False
+    sign_round: bool = False
+
+
+METHODS = {
+    "awq": MethodFields(search_scale=True, clip=True),
+    "awq-gptq": MethodFields(search_scale=True, clip=True, gptq=True),
+    "autoround": MethodFields(search_scale=True, clip=False, sign_round=True),
+    "rtn": MethodFields(search_scale=False, clip=False),
+}
+
+
+def method_fields(method: str) -> MethodFields:
+    if method not in METHODS:
+        raise LmdError(f"--method {method!r} is not valid; use one of {', '.join(METHODS)}")
+    return METHODS[method]
 
 
 @dataclass(frozen=True)
@@ -155,7 +191,12 @@ def quantize_model(
             )
             if config.clip:
                 _clip_block(layer, arch, block, config.group_size, config.asym_clip)
-            quantized.update(_quantize_layer(layer, arch, index, config.group_size, config.rounding, block, targets))
+            if config.sign_round:
+                quantized.update(_sign_round_layer(layer, arch, index, inputs, block, config))
+            else:
+                quantized.update(
+                    _quantize_layer(layer, arch, index, config.group_size, config.rounding, block, targets)
+                )
             # GPTQ-style: the next block sees what this quantized block makes of the (already quantized) inputs
             inputs = run_layer(layer, inputs, config.device, offload) if config.quantized_inputs else block.outputs
         del block, targets
@@ -173,6 +214,27 @@ def _round_to_nearest(
         quantized.update(_quantize_layer(layer, arch, index, group_size))
         if on_layer is not None:
             on_layer(LayerReport(index, ()))
+    return quantized
+
+
+def _sign_round_layer(
+    layer: nn.Module, arch: ArchSpec, index: int, inputs: LayerInputs, block: BlockInputs, config: AwqConfig
+) -> dict[str, QuantizedWeight]:
+    """AutoRound on the (scaled) block: codes learned against the float block's outputs on these inputs."""
+    learned = sign_round_block(
+        layer,
+        arch.linears,
+        config.group_size,
+        inputs,
+        block.outputs,
+        SignRoundConfig(iters=config.sign_round_iters, batch=config.sign_round_batch),
+        config.device,
+    )
+    quantized = {}
+    for path, q in learned.items():
+        linear = get_module(layer, path)
+        linear.weight.data = q.dequantize(linear.weight.dtype)
+        quantized[f"{arch.layers}.{index}.{path}"] = _to_host(q)
     return quantized
 
 

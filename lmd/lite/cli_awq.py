@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from lmd.errors import LmdError
+from lmd.lite.awq_accuracy import DEFAULT_ITEMS, DEFAULT_TASKS
 
 if TYPE_CHECKING:
     import torch
@@ -20,6 +21,13 @@ if TYPE_CHECKING:
 def awq_command(
     model: str = typer.Argument(..., help="HF model directory, .gguf file or hub id."),
     work_dir: str = typer.Option(..., "--work-dir", help="Output directory for the quantized HF model."),
+    method: str = typer.Option(
+        "awq",
+        "--method",
+        help="awq (scale search + clip search, round to nearest), awq-gptq (the same grid, GPTQ's codes), "
+        "autoround (AWQ's scales, then rounding and clipping learned per block against the float block's output "
+        "by signed gradient descent) or rtn (plain round to nearest).",
+    ),
     w_bits: int = typer.Option(4, "--w-bits", help="Weight bits (only 4)."),
     w_group_size: int = typer.Option(128, "--w-group-size", help="Input channels per quantization group: 128, 64 or 32."),
     calib_dataset: str = typer.Option(
@@ -74,11 +82,19 @@ def awq_command(
         help="Calibrate each block on the outputs of the already quantized blocks "
         "before it (as GPTQ does) instead of the float model's.",
     ),
+    autoround_iters: int = typer.Option(100, "--autoround-iters", help="--method autoround: steps per block."),
+    autoround_batch: int = typer.Option(
+        2, "--autoround-batch", help="--method autoround: calibration sequences per step."
+    ),
     eval_dataset: str = typer.Option("wikitext2", "--eval-dataset", help="Data set of the fp-vs-int4 ppl report."),
     eval_windows: int = typer.Option(4, "--eval-windows", help="Windows of the ppl report (0 = all)."),
     eval_seqlen: int = typer.Option(2048, "--eval-seqlen", help="Tokens per ppl window."),
-    no_eval: bool = typer.Option(False, "--no-eval", help="Skip the ppl report."),
-    no_eval_fp: bool = typer.Option(False, "--no-eval-fp", help="Skip only the float baseline of the ppl report."),
+    eval_tasks: str = typer.Option(
+        DEFAULT_TASKS, "--eval-tasks", help="Zero-shot tasks of the report's accuracy line (as lmd eval tasks)."
+    ),
+    eval_items: int = typer.Option(DEFAULT_ITEMS, "--eval-items", help="Items per task of the accuracy line."),
+    no_eval: bool = typer.Option(False, "--no-eval", help="Skip the quality report (ppl and accuracy)."),
+    no_eval_fp: bool = typer.Option(False, "--no-eval-fp", help="Skip only the float baseline of the report."),
     data_dir: str | None = typer.Option(
         None, "--data-dir", help="Local data mirror laid out like ../shared/data (default $LMD_DATA_DIR)."
     ),
@@ -91,29 +107,35 @@ def awq_command(
 
     from lmd import __version__
     from lmd.arch import get_arch
-    from lmd.lite.awq import AwqConfig, check_group_size
+    from lmd.lite.awq import AwqConfig, check_group_size, method_fields
+    from lmd.lite.awq_accuracy import accuracy, load_probe
     from lmd.lite.awq_export import write_awq_model
     from lmd.lite.output_dir import atomic_output_dir, check_output_dir
     from lmd.model_source import check_device, load_causal_lm, load_config, load_tokenizer, resolve_model
 
+    preset = method_fields(method)
     config = AwqConfig(
         w_bits=w_bits,
         group_size=w_group_size,
-        search_scale=not no_search_scale,
-        clip=not no_clip,
+        search_scale=preset.search_scale and not no_search_scale,
+        clip=preset.clip and not no_clip,
         duo_scaling=duo_scaling,
         search_tokens=search_tokens,
         gqa_v_o=gqa_v_o,
         asym_clip=asym_clip,
         refine_scale=refine_scale,
-        gptq=gptq,
+        gptq=preset.gptq or gptq,
         quantized_inputs=quantized_inputs,
+        sign_round=preset.sign_round,
+        sign_round_iters=autoround_iters,
+        sign_round_batch=autoround_batch,
         batch_size=batch_size,
         device=check_device(device),
     )
     if eval_windows < 0:
         raise LmdError(f"--eval-windows {eval_windows} must be 0 (all) or more")
     check_output_dir(work_dir, force)
+    probe = None if no_eval else load_probe(eval_tasks, eval_items, data_dir)  # task files checked before the model
     source = resolve_model(model)
     arch = get_arch(load_config(source))
     tokenizer = load_tokenizer(source)
@@ -142,6 +164,8 @@ def awq_command(
     eval_ids, eval_label = (None, "") if no_eval else _eval_ids(eval_dataset, tokenizer, data_dir)
     if eval_ids is not None and not no_eval_fp:
         report["fp_ppl"] = _ppl(lm, eval_ids, eval_seqlen, eval_windows, config.device, json_out).ppl
+    if probe is not None and not no_eval_fp:
+        report["fp_acc"] = accuracy(lm, tokenizer, probe, config.device, "fp", json_out)
 
     start = time.perf_counter()
     with torch.no_grad():
@@ -151,6 +175,8 @@ def awq_command(
     if eval_ids is not None:
         result = _ppl(lm, eval_ids, eval_seqlen, eval_windows, config.device, json_out)
         report.update(int4_ppl=result.ppl, eval_dataset=eval_label, eval_windows=result.windows, eval_seqlen=eval_seqlen)
+    if probe is not None:
+        report.update(int4_acc=accuracy(lm, tokenizer, probe, config.device, "int4", json_out), eval_items=eval_items)
     report["lmd_version"] = __version__
     with atomic_output_dir(work_dir, force) as tmp:
         write_awq_model(lm, quantized, tokenizer, tmp, config.group_size, report)
@@ -243,6 +269,10 @@ def _print_report(report: dict[str, Any]) -> None:
             rows += [("fp ppl", f"{report['fp_ppl']:.4f}"), ("int4 ppl", f"{q:.4f} ({q - report['fp_ppl']:+.4f})")]
         else:
             rows.append(("int4 ppl", f"{q:.4f}"))
+    if "int4_acc" in report:
+        from lmd.lite.awq_accuracy import accuracy_row
+
+        rows.append((f"accuracy, first {report['eval_items']}", accuracy_row(report.get("fp_acc"), report["int4_acc"])))
     for field, value in rows:
         table.add_row(field, value)
     Console().print(table)

@@ -48,12 +48,19 @@ def test_cli_writes_an_awq_directory_and_reports_ppl(tiny_llama, calib_text, tmp
         "1",
         "--eval-seqlen",
         "128",
+        "--eval-tasks",
+        "arc_easy,piqa",
+        "--eval-items",
+        "8",
         "--json",
     )
     assert run.returncode == 0, run.stderr
     report = json.loads(run.stdout)
     assert report["method"] == "awq" and report["group_size"] == 32 and report["calib_samples"] == 4
     assert report["int4_ppl"] > 0 and report["fp_ppl"] > 0 and report["eval_windows"] == 1
+    # the accuracy line: both models scored on the first 8 items of each task, as fractions of 8
+    assert report["eval_items"] == 8 and set(report["fp_acc"]) == set(report["int4_acc"]) == {"arc_easy", "piqa"}
+    assert all(0 <= 8 * a == round(8 * a) <= 8 for a in [*report["fp_acc"].values(), *report["int4_acc"].values()])
     assert json.loads((out / "config.json").read_text())["quantization_config"]["group_size"] == 32
     assert json.loads((out / "lmd_awq.json").read_text())["calib_seqlen"] == 64
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary directory left behind
@@ -96,11 +103,39 @@ def test_unsupported_architecture_lists_the_supported_ones(tmp_path):
         (["--w-group-size", "96"], "--w-group-size 96"),
         (["--duo-scaling", "sometimes"], "--duo-scaling"),
         (["--asym-clip", "--no-clip"], "--asym-clip"),
+        (["--method", "omni"], "--method 'omni' is not valid"),
+        (["--method", "autoround", "--gptq"], "--method autoround"),
+        (["--method", "autoround", "--autoround-iters", "0"], "--autoround-iters 0"),
     ],
 )
 def test_bad_flags_fail_before_loading_anything(tmp_path, flags, message):
     run = _lmd(str(tmp_path / "does-not-matter"), "--work-dir", str(tmp_path / "out"), *flags)
     assert run.returncode == 1 and message in run.stderr and "Traceback" not in run.stderr
+
+
+def test_bad_eval_tasks_fail_before_the_model_loads(tmp_path):
+    out = tmp_path / "out"
+    run = _lmd(str(tmp_path / "no-model"), "--work-dir", str(out), "--eval-tasks", "arc_easy,mmlu")
+    assert run.returncode == 1 and "unknown task mmlu" in run.stderr and "Traceback" not in run.stderr
+    run = _lmd(str(tmp_path / "no-model"), "--work-dir", str(out), "--eval-items", "0")
+    assert run.returncode == 1 and "--eval-items 0" in run.stderr and "--no-eval" in run.stderr
+
+
+def test_plain_text_report_has_the_accuracy_line(tiny_llama, calib_text, tmp_path):
+    run = _lmd(str(tiny_llama), "--work-dir", str(tmp_path / "out"), "--w-group-size", "32", "--method", "rtn",
+               "--eval-dataset", str(calib_text), "--eval-windows", "1", "--eval-seqlen", "128",
+               "--eval-tasks", "piqa", "--eval-items", "4")
+    assert run.returncode == 0, run.stderr
+    assert "accuracy, first 4" in run.stdout and "piqa" in run.stdout and "->" in run.stdout
+    assert "rtn" in run.stdout
+
+
+def test_no_eval_skips_the_accuracy_line(tiny_llama, tmp_path):
+    run = _lmd(str(tiny_llama), "--work-dir", str(tmp_path / "out"), "--w-group-size", "32", "--method", "rtn",
+               "--no-eval", "--json")
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout)
+    assert "int4_acc" not in report and "fp_acc" not in report and "int4_ppl" not in report
 
 
 def test_cli_defaults_are_the_config_defaults():
