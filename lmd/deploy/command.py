@@ -13,10 +13,14 @@ from lmd.errors import LmdError
 def deploy_command(
     model_name: Annotated[str, typer.Argument(help="Chat template name: llama2, llama3, vicuna, internlm, qwen, "
                                                    "mistral, base (no template) or hf (the tokenizer's own).")],
-    model_path: Annotated[str, typer.Argument(help="HF model directory, AWQ checkpoint directory or .gguf file.")],
-    model_format: Annotated[str | None, typer.Option(help="hf, awq or gguf; detected when left out.")] = None,
-    group_size: Annotated[int | None, typer.Option(help="int4 group size of an AWQ checkpoint; must match its "
-                                                        "config (default: the checkpoint's).")] = None,
+    model_path: Annotated[str, typer.Argument(help="HF model directory, AWQ / GPTQ / compressed-tensors "
+                                                   "checkpoint directory or .gguf file.")],
+    model_format: Annotated[str | None, typer.Option(help="hf, awq, gptq (also takes compressed-tensors "
+                                                           "pack-quantized), compressed-tensors or gguf; detected from "
+                                                           "quantization_config when left out.")] = None,
+    group_size: Annotated[int | None, typer.Option(help="int4 group size; must match the checkpoint's (default: "
+                                                        "the checkpoint's; per-channel checkpoints: the widest of "
+                                                        "128/64/32 dividing every K).")] = None,
     tp: Annotated[int, typer.Option(help="Tensor-parallel ranks to write rank files for: any TP dividing the query "
                                     "heads, KV heads and MLP width (the engine's fast path at that TP; it can still "
                                     "run another one).")] = 1,

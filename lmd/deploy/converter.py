@@ -1,4 +1,5 @@
-"""`lmd deploy`: convert an HF / AWQ / GGUF model into a TurboMind-style workspace (docs/workspace.md).
+"""`lmd deploy`: convert an HF / AWQ / GPTQ / compressed-tensors / GGUF model into a TurboMind-style workspace
+(docs/workspace.md).
 
 Order of work: validate everything that can be checked from configs (template, format, tp, dtype, dst) before any
 tensor is read; then stream layer by layer into per-rank safetensors inside a temporary directory next to the
@@ -19,7 +20,8 @@ import torch
 from lmd.arch import get_arch
 from lmd.chat_templates import get_chat_template
 from lmd.deploy.config_from_hf import ModelDims, build_workspace_config
-from lmd.deploy.source_weights import check_awq_config, detect_format, hub_model_dir, open_gguf, open_hf_dir
+from lmd.deploy.int4_schemes import Int4Scheme, engine_group_size, gptq_scheme, pack_quantized_scheme
+from lmd.deploy.source_weights import check_awq_config, detect_format, hub_model_dir, open_gguf, open_hf_dir, quant_config
 from lmd.deploy.weight_writer import write_weights
 from lmd.errors import LmdError
 from lmd.model_source import ModelSource, load_config, resolve_model, torch_dtype
@@ -65,10 +67,15 @@ def run_deploy(model_name: str, model_path: str, dst_path: str = "./workspace", 
     arch = get_arch(config)
     dims = ModelDims.from_config(config, where)
     model_dir = None if source.is_gguf else hub_model_dir(source)
-    group_size = check_awq_config(config, group_size, where) if fmt == "awq" else 0
+    scheme = _int4_scheme(fmt, quant_config(config, model_dir), where)
+    group_size = 0 if scheme is None else (check_awq_config(config, group_size, where) if fmt == "awq"
+                                           else engine_group_size(scheme, dims, group_size, where))
     check_tp(tp, RankShape(dims.head_num, dims.kv_head_num, dims.head_dim, dims.inter, group_size))
+    if scheme is not None and scheme.act_order and tp > 1:
+        raise LmdError(f"--tp {tp}: {where} is act-order (desc_act) int4, whose wo input channels are permuted "
+                       "across every rank's heads; deploy and run it with --tp 1")
     compute = _compute_dtype(fmt, config, dtype)
-    if fmt == "awq" and compute == torch.float32:
+    if scheme is not None and compute == torch.float32:
         raise LmdError("--dtype float32 is not a compute dtype for int4 weights; use float16 or bfloat16")
     tokenizer = _load_tokenizer(source, tokenizer_path)
     if template.renderer is None and not getattr(tokenizer, "chat_template", None):
@@ -77,14 +84,14 @@ def run_deploy(model_name: str, model_path: str, dst_path: str = "./workspace", 
     dst = _check_dst(dst_path, force, model_dir or source.name_or_dir)
     ws_config = build_workspace_config(
         model_name=model_name, config=config, dims=dims, tokenizer=tokenizer, model_dir=model_dir, tp=tp,
-        weight_type="int4" if fmt == "awq" else WEIGHT_TYPE_OF[compute], group_size=group_size,
+        weight_type="int4" if scheme is not None else WEIGHT_TYPE_OF[compute], group_size=group_size,
         compute_dtype=WEIGHT_TYPE_OF[compute], where=where)
 
     tmp = dst.parent / f".{dst.name}.lmd-tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         reader = open_gguf(source) if fmt == "gguf" else open_hf_dir(model_dir)  # type: ignore[arg-type]
-        num_tensors = write_weights(tmp, reader, arch, ws_config, dims, compute, progress)
+        num_tensors = write_weights(tmp, reader, arch, ws_config, dims, compute, progress, scheme)
         write_workspace_config(tmp, ws_config)
         tokenizer.save_pretrained(str(tokenizer_dir(tmp)))
         _swap_into_place(tmp, dst)
@@ -94,6 +101,16 @@ def run_deploy(model_name: str, model_path: str, dst_path: str = "./workspace", 
     size = sum(p.stat().st_size for p in dst.rglob("*") if p.is_file())
     return DeployResult(dst, model_name, fmt, ws_config.weight_type, group_size, tp, num_tensors, size,
                         time.perf_counter() - start)
+
+
+def _int4_scheme(fmt: str, qc: dict, where: str) -> Int4Scheme | None:
+    if fmt == "awq":
+        return Int4Scheme("awq", int(qc.get("group_size", qc.get("q_group_size", -1))), False, False)
+    if fmt == "gptq":
+        return gptq_scheme(qc, where)
+    if fmt == "compressed-tensors":
+        return pack_quantized_scheme(qc, where)
+    return None
 
 
 def _compute_dtype(fmt: str, config: PretrainedConfig, requested: str | None) -> torch.dtype:

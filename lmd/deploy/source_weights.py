@@ -18,11 +18,21 @@ from lmd.model_source import ModelSource
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
-FORMATS = ("hf", "awq", "gguf")
+FORMATS = ("hf", "awq", "gptq", "compressed-tensors", "gguf")
+# --model-format gptq also takes compressed-tensors pack-quantized int4 (llm-compressor's GPTQ output)
+ACCEPTS = {"gptq": ("gptq", "compressed-tensors")}
+QUANT_METHODS = {None: "hf", "awq": "awq", "gptq": "gptq", "compressed-tensors": "compressed-tensors"}
 
 
-def quant_config(config: PretrainedConfig) -> dict:
+def quant_config(config: PretrainedConfig, model_dir: str | None = None) -> dict:
+    """config.json's quantization_config, else an AutoGPTQ quantize_config.json beside it (older GPTQ repos)."""
     raw = getattr(config, "quantization_config", None)
+    if raw is None and model_dir is not None and (Path(model_dir) / "quantize_config.json").is_file():
+        path = Path(model_dir) / "quantize_config.json"
+        try:
+            return {"quant_method": "gptq", **json.loads(path.read_text())}
+        except (OSError, ValueError) as exc:
+            raise LmdError(f"{path}: not valid JSON ({_first_line(exc)}); fix or remove it") from None
     if raw is None:
         return {}
     return dict(raw if isinstance(raw, dict) else raw.to_dict())
@@ -33,18 +43,19 @@ def detect_format(source: ModelSource, config: PretrainedConfig, requested: str 
     if source.is_gguf:
         found = "gguf"
     else:
-        method = quant_config(config).get("quant_method")
-        if method not in (None, "awq"):
-            raise LmdError(f"{source.display_name}/config.json: quant_method={method} is not supported; "
-                           "deploy an unquantized HF model, an AWQ checkpoint or a .gguf file")
-        found = "awq" if method == "awq" else "hf"
+        local = source.name_or_dir if Path(source.name_or_dir).is_dir() else None
+        method = quant_config(config, local).get("quant_method")
+        if method not in QUANT_METHODS:
+            raise LmdError(f"{source.display_name}/config.json: quant_method={method} is not supported; deploy an "
+                           "unquantized HF model, an AWQ, GPTQ or compressed-tensors checkpoint, or a .gguf file")
+        found = QUANT_METHODS[method]
     if requested is None:
         return found
     if requested not in FORMATS:
         raise LmdError(f"--model-format {requested} is unknown; use one of {', '.join(FORMATS)}")
-    if requested != found:
-        why = {"gguf": "it is a .gguf file", "awq": "its config.json has quantization_config.quant_method=awq",
-               "hf": "it is an unquantized HF model"}[found]
+    if found not in ACCEPTS.get(requested, (requested,)):
+        why = {"gguf": "it is a .gguf file", "hf": "it is an unquantized HF model"}.get(
+            found, f"its config.json has quantization_config.quant_method={found}")
         raise LmdError(f"--model-format {requested} does not match {source.display_name}: {why}; "
                        f"use --model-format {found} or leave the flag out")
     return found

@@ -1,8 +1,12 @@
 """Source tensors (HF names) -> `model.rank{r}.safetensors` (workspace names), one decoder layer at a time.
 
-Each source linear is read once (an AWQ one unpacked once with `awq_to_engine`), fused (qkv, gate/up) into the
-whole-model tensor, then every rank's part is cut from it by the format's rank layout and streamed to that rank's
+Each source linear is read once (an int4 one converted once by lmd.deploy.int4_readers), fused (qkv, gate/up) into
+the whole-model tensor, then every rank's part is cut from it by the format's rank layout and streamed to that rank's
 file; only one layer's tensors are alive at a time.
+
+Act-order int4: fused linears share one input permutation (GPTQ gives q/k/v, and gate/up, the same one: they see the
+same inputs); w2's is folded into w13's output rows (gate and up permuted alike, so silu(gate) * up comes out in w2's
+order), leaving runtime gathers only before w_qkv, wo and w13.
 """
 
 from __future__ import annotations
@@ -13,11 +17,12 @@ import torch
 
 from lmd.arch import ArchSpec
 from lmd.deploy.config_from_hf import ModelDims
-from lmd.deploy.linears import FloatLinear, Int4Linear, Linear, cat_n, pad_vocab
+from lmd.deploy.int4_readers import read_int4_linear
+from lmd.deploy.int4_schemes import Int4Scheme
+from lmd.deploy.linears import FloatLinear, Int4Linear, Linear, cat_n, pad_vocab, same_perm
 from lmd.deploy.safetensors_stream import SafetensorsStreamWriter
 from lmd.deploy.source_weights import TensorReader
 from lmd.errors import LmdError
-from lmd.turbomind.kernels.w4a16_layout import awq_to_engine
 from lmd.workspace_format.config_ini import WorkspaceConfig, rank_weights_path
 from lmd.workspace_format.rank_layout import split_ranks
 
@@ -33,8 +38,8 @@ def cast_checked(tensor: torch.Tensor, dtype: torch.dtype, name: str, where: str
 
 class WeightWriter:
     def __init__(self, workspace: Path, reader: TensorReader, arch: ArchSpec, cfg: WorkspaceConfig, dims: ModelDims,
-                 dtype: torch.dtype) -> None:
-        self.reader, self.arch, self.cfg, self.dims, self.dtype = reader, arch, cfg, dims, dtype
+                 dtype: torch.dtype, scheme: Int4Scheme | None = None) -> None:
+        self.reader, self.arch, self.cfg, self.dims, self.dtype, self.scheme = reader, arch, cfg, dims, dtype, scheme
         self.tp = cfg.tensor_para_size
         rank_weights_path(workspace, 0).parent.mkdir(parents=True, exist_ok=True)
         self.files = [SafetensorsStreamWriter(rank_weights_path(workspace, r),
@@ -50,19 +55,17 @@ class WeightWriter:
         return cast_checked(self.reader.get(name, (rows, cols)), self.dtype, name, self.reader.where)
 
     def linear(self, module: str, n: int, k: int) -> Linear:
-        """W [n, k] as a float linear, or the AWQ tensors of the module repacked into the engine's int4 layout."""
+        """W [n, k] as a float linear, or the int4 tensors of the module converted into the engine's int4 layout."""
         if self.cfg.weight_type != "int4":
             return FloatLinear(self.matrix(f"{module}.weight", n, k))
-        g, where = self.cfg.group_size, self.reader.where
-        if self.reader.has(f"{module}.weight") and not self.reader.has(f"{module}.qweight"):
-            raise LmdError(f"{where}: {module} is not quantized (it has .weight, not .qweight); "
-                           "lmd deploy needs every q/k/v/o/gate/up/down linear in AWQ int4")
-        if n % 8 or k % g:
-            raise LmdError(f"{where}: {module} is [{n}, {k}]; AWQ needs N % 8 == 0 and K % {g} == 0")
-        qweight = self.reader.get(f"{module}.qweight", (k, n // 8))
-        qzeros = self.reader.get(f"{module}.qzeros", (k // g, n // 8))
-        scales = self.reader.get(f"{module}.scales", (k // g, n))
-        return Int4Linear(*awq_to_engine(qweight, qzeros, scales, g, self.dtype))
+        assert self.scheme is not None
+        return read_int4_linear(self.reader, self.scheme, module, n, k, self.cfg.group_size, self.dtype)
+
+    def fused(self, prefix: str, modules: list[str], parts: list[Linear]) -> Linear:
+        if not same_perm(parts):
+            raise LmdError(f"{self.reader.where}: {prefix}{{{','.join(modules)}}} have different act-order g_idx but "
+                           "share one input; lmd serves them fused with one permutation (re-quantize them together)")
+        return cat_n(parts)
 
     # -- writing ---------------------------------------------------------------------------------------------------
     def put(self, rank: int, tensors: dict[str, torch.Tensor]) -> None:
@@ -98,7 +101,7 @@ class WeightWriter:
         if dims.qkv_bias:
             bias = tuple(self.vector(f"{src}{m}.bias", n) for m, n in ((arch.q, qn), (arch.k, kvn), (arch.v, kvn)))
         self.put_all_ranks({f"{dst}attention_norm.weight": self.vector(f"{src}{arch.attn_norm}.weight", h)})
-        self.put_split(cat_n([q, k, v]).tensors(f"{dst}attention.w_qkv"))
+        self.put_split(self.fused(src, [arch.q, arch.k, arch.v], [q, k, v]).tensors(f"{dst}attention.w_qkv"))
         if bias is not None:
             self.put_split({f"{dst}attention.w_qkv.bias": torch.cat(bias)})
         del q, k, v
@@ -109,9 +112,13 @@ class WeightWriter:
         src, dst = f"{arch.layers}.{i}.", f"layers.{i}."
         self.put_all_ranks({f"{dst}ffn_norm.weight": self.vector(f"{src}{arch.mlp_norm}.weight", h)})
         gate, up = self.linear(src + arch.gate, dims.inter, h), self.linear(src + arch.up, dims.inter, h)
-        self.put_split(cat_n([gate, up]).tensors(f"{dst}feed_forward.w13"))
+        down = self.linear(src + arch.down, h, dims.inter)
+        if isinstance(down, Int4Linear) and down.perm is not None:
+            gate, up = gate.take_n(down.perm), up.take_n(down.perm)  # type: ignore[union-attr]
+            down = Int4Linear(down.qweight, down.scales, down.zeros)
+        self.put_split(self.fused(src, [arch.gate, arch.up], [gate, up]).tensors(f"{dst}feed_forward.w13"))
         del gate, up
-        self.put_split(self.linear(src + arch.down, h, dims.inter).tensors(f"{dst}feed_forward.w2"))
+        self.put_split(down.tensors(f"{dst}feed_forward.w2"))
 
     def _check_no_extra_bias(self, prefix: str) -> None:
         for module in (self.arch.o, self.arch.gate, self.arch.up, self.arch.down):
@@ -129,12 +136,12 @@ class WeightWriter:
 
 
 def write_weights(workspace: Path, reader: TensorReader, arch: ArchSpec, cfg: WorkspaceConfig, dims: ModelDims,
-                  dtype: torch.dtype, progress: bool) -> int:
+                  dtype: torch.dtype, progress: bool, scheme: Int4Scheme | None = None) -> int:
     """Write every rank file; returns the number of tensors written (all ranks together)."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    writer = WeightWriter(workspace, reader, arch, cfg, dims, dtype)
+    writer = WeightWriter(workspace, reader, arch, cfg, dims, dtype, scheme)
     bar = Progress(TextColumn("[bold]deploy[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn(), console=Console(stderr=True), transient=True, disable=not progress)
     try:

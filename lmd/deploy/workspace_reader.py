@@ -1,7 +1,9 @@
 """Read a workspace back: its config, one rank's tensors, or the whole model as an HF-named state dict.
 
 `reconstruct_hf_state_dict` undoes the TP split and QKV / gate-up fusion (int4 linears come back dequantized), which
-is how the deploy round trip is tested without the engine.
+is how the deploy round trip is tested without the engine. An act-order checkpoint comes back as an equivalent model,
+not the same tensors: deploy folds down_proj's input permutation into gate/up's output rows (the MLP's hidden
+channels are reordered alike on both sides), and every other permutation is undone here.
 """
 
 from __future__ import annotations
@@ -42,7 +44,13 @@ def _dense(tensors: dict[str, torch.Tensor], prefix: str) -> torch.Tensor:
     if f"{prefix}.weight" in tensors:
         return tensors[f"{prefix}.weight"]
     qweight, scales, zeros = (tensors[f"{prefix}.{n}"] for n in ("qweight", "scales", "zeros"))
-    return dequantize(qweight, scales.float(), zeros.float()).t()
+    weight = dequantize(qweight, scales.float(), zeros.float()).t()
+    perm = tensors.get(f"{prefix}.perm")
+    if perm is None:
+        return weight
+    natural = torch.empty_like(weight)
+    natural[:, perm.long()] = weight  # stored input channel j is the model's channel perm[j]
+    return natural
 
 
 def reconstruct_hf_state_dict(workspace: str | Path) -> dict[str, torch.Tensor]:

@@ -45,12 +45,18 @@ class DenseLinear:
 
 
 class Int4Linear:
+    """`perm` (act-order checkpoints, docs/workspace.md): the weight's input channels are stored sorted by
+    quantization group, so the activation's channels are gathered into the same order first."""
+
     def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-                 bias: torch.Tensor | None = None) -> None:
+                 bias: torch.Tensor | None = None, perm: torch.Tensor | None = None) -> None:
         self.qweight, self.scales, self.zeros, self.bias = qweight, scales, zeros, bias
+        self.perm = None if perm is None else perm.to(device=qweight.device, dtype=torch.long)
         self.out_features = qweight.shape[1]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.perm is not None:
+            x = x.index_select(-1, self.perm)
         return int4_matmul(x, self.qweight, self.scales, self.zeros, self.bias)
 
 
@@ -58,10 +64,10 @@ Linear = DenseLinear | Int4Linear
 
 
 def make_linear(weights: dict[str, torch.Tensor], name: str, dtype: torch.dtype) -> Linear:
-    """`name`.weight (dense) or `name`.qweight/.scales/.zeros (int4), with an optional `name`.bias."""
+    """`name`.weight (dense) or `name`.qweight/.scales/.zeros[/.perm] (int4), with an optional `name`.bias."""
     bias = weights.get(f"{name}.bias")
     bias = None if bias is None else bias.to(dtype)
     if f"{name}.qweight" in weights:
         return Int4Linear(weights[f"{name}.qweight"], weights[f"{name}.scales"].to(dtype),
-                          weights[f"{name}.zeros"].to(dtype), bias)
+                          weights[f"{name}.zeros"].to(dtype), bias, weights.get(f"{name}.perm"))
     return DenseLinear(weights[f"{name}.weight"].to(dtype), bias)

@@ -34,6 +34,10 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 def check_weights(cfg: ModelConfig, weights: dict[str, torch.Tensor], source: str) -> None:
     for name, shape in expected_shapes(cfg).items():
+        perm = name.removesuffix("qweight") + "perm"
+        if name.endswith(".qweight") and perm in weights and tuple(weights[perm].shape) != (shape[0] * 8,):
+            raise LmdError(f"{source}: {perm} has shape {tuple(weights[perm].shape)}, config.ini implies "
+                           f"{(shape[0] * 8,)}; the weights and config.ini disagree, redeploy the workspace")
         if name not in weights:
             raise LmdError(f"{source}: tensor {name} is missing; redeploy the workspace with `lmd deploy`")
         if tuple(weights[name].shape) != shape:

@@ -2,7 +2,9 @@
 
     column split (N):  attention.w_qkv = [q_r; k_r; v_r]   feed_forward.w13 = [gate_r; up_r]
     row split (K):     attention.wo    feed_forward.w2
-    replicated:        embeddings, output, norms, row-split biases (added once, by rank 0)
+    replicated:        embeddings, output, norms, row-split biases (added once, by rank 0), the act-order input
+                       permutation (`.perm`) of a column-split linear (its input, the hidden state, is whole on every
+                       rank); a row-split linear's permutation mixes every rank's channels, so it exists only at TP 1
 
 Rank r of R holds heads [r·H/R, (r+1)·H/R) of q and of k/v, and MLP channels [r·I/R, (r+1)·I/R). N is dim 0 of a
 float weight or bias and dim 1 of an int4 qweight/scales/zeros; K is the other one (int4: K/8 qweight rows, K/g
@@ -76,6 +78,8 @@ def split_tensor(name: str, tensor: torch.Tensor, shape: RankShape, tp: int, ran
     module, kind = _module_kind(name)
     if tp == 1:
         return tensor
+    if kind == "perm":
+        return _replicated_perm(name, module, tensor, tp)
     if module in _COLUMN:
         dim = _n_dim(kind)
         whole = [p * tp for p in shape.column_parts(module, tp)]
@@ -100,7 +104,9 @@ def merge_ranks(ranks: list[dict[str, torch.Tensor]], shape: RankShape) -> dict[
     merged: dict[str, torch.Tensor] = {}
     for name, tensor in ranks[0].items():
         module, kind = _module_kind(name)
-        if module in _COLUMN:
+        if kind == "perm":
+            merged[name] = _replicated_perm(name, module, tensor, tp)
+        elif module in _COLUMN:
             dim, parts = _n_dim(kind), shape.column_parts(module, tp)
             split = [torch.split(rank[name], parts, dim=dim) for rank in ranks]
             merged[name] = torch.cat([s[i] for i in range(len(parts)) for s in split], dim=dim)
@@ -109,6 +115,13 @@ def merge_ranks(ranks: list[dict[str, torch.Tensor]], shape: RankShape) -> dict[
         else:
             merged[name] = tensor
     return merged
+
+
+def _replicated_perm(name: str, module: str, tensor: torch.Tensor, tp: int) -> torch.Tensor:
+    if module in _ROW:
+        raise LmdError(f"{name}: act-order int4 permutes {module}'s input across every rank's channels; "
+                       f"run this workspace at tp 1, not {tp}")
+    return tensor
 
 
 def _divides(tp: int, s: RankShape) -> bool:
