@@ -30,12 +30,14 @@ from lmd.eval.tasks.command import tasks_command  # noqa: E402
 from lmd.lite.cli_awq import awq_command  # noqa: E402
 from lmd.lite.cli_calibrate import calibrate_command  # noqa: E402
 from lmd.lite.cli_kv_qparams import kv_qparams_command  # noqa: E402
+from lmd.lite.cli_smooth_quant import smooth_quant_command  # noqa: E402
 from lmd.serve.command import serve_command  # noqa: E402
 
 eval_app.command("ppl")(ppl_command)
 eval_app.command("tasks")(tasks_command)
 app.command("calibrate")(calibrate_command)
 app.command("awq")(awq_command)
+app.command("smooth-quant")(smooth_quant_command)
 app.command("deploy")(deploy_command)
 app.command("kv-qparams")(kv_qparams_command)
 app.add_typer(bench_app, name="bench")

@@ -22,6 +22,7 @@ from lmd.chat_templates import get_chat_template
 from lmd.deploy.config_from_hf import ModelDims, build_workspace_config
 from lmd.deploy.int4_schemes import Int4Scheme, engine_group_size, gptq_scheme, pack_quantized_scheme
 from lmd.deploy.source_weights import check_awq_config, detect_format, hub_model_dir, open_gguf, open_hf_dir, quant_config
+from lmd.deploy.w8a8_checkpoint import w8a8_weight_type
 from lmd.deploy.weight_writer import write_weights
 from lmd.errors import LmdError
 from lmd.model_source import ModelSource, load_config, resolve_model, torch_dtype
@@ -67,7 +68,9 @@ def run_deploy(model_name: str, model_path: str, dst_path: str = "./workspace", 
     arch = get_arch(config)
     dims = ModelDims.from_config(config, where)
     model_dir = None if source.is_gguf else hub_model_dir(source)
-    scheme = _int4_scheme(fmt, quant_config(config, model_dir), where)
+    qc = quant_config(config, model_dir)
+    w8a8 = w8a8_weight_type(qc, where) if fmt == "compressed-tensors" else None
+    scheme = None if w8a8 else _int4_scheme(fmt, qc, where)
     group_size = 0 if scheme is None else (check_awq_config(config, group_size, where) if fmt == "awq"
                                            else engine_group_size(scheme, dims, group_size, where))
     check_tp(tp, RankShape(dims.head_num, dims.kv_head_num, dims.head_dim, dims.inter, group_size))
@@ -75,8 +78,8 @@ def run_deploy(model_name: str, model_path: str, dst_path: str = "./workspace", 
         raise LmdError(f"--tp {tp}: {where} is act-order (desc_act) int4, whose wo input channels are permuted "
                        "across every rank's heads; deploy and run it with --tp 1")
     compute = _compute_dtype(fmt, config, dtype)
-    if scheme is not None and compute == torch.float32:
-        raise LmdError("--dtype float32 is not a compute dtype for int4 weights; use float16 or bfloat16")
+    if (scheme is not None or w8a8) and compute == torch.float32:
+        raise LmdError(f"--dtype float32 is not a compute dtype for {w8a8 or 'int4'} weights; use float16 or bfloat16")
     tokenizer = _load_tokenizer(source, tokenizer_path)
     if template.renderer is None and not getattr(tokenizer, "chat_template", None):
         raise LmdError(f"MODEL_NAME hf uses the tokenizer's chat_template, but the tokenizer of {where} has none; "
@@ -84,7 +87,7 @@ def run_deploy(model_name: str, model_path: str, dst_path: str = "./workspace", 
     dst = _check_dst(dst_path, force, model_dir or source.name_or_dir)
     ws_config = build_workspace_config(
         model_name=model_name, config=config, dims=dims, tokenizer=tokenizer, model_dir=model_dir, tp=tp,
-        weight_type="int4" if scheme is not None else WEIGHT_TYPE_OF[compute], group_size=group_size,
+        weight_type=w8a8 or ("int4" if scheme is not None else WEIGHT_TYPE_OF[compute]), group_size=group_size,
         compute_dtype=WEIGHT_TYPE_OF[compute], where=where)
 
     tmp = dst.parent / f".{dst.name}.lmd-tmp-{os.getpid()}"

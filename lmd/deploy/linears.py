@@ -1,5 +1,5 @@
-"""A source linear as the deploy writer holds it: float [N, K], or int4 in the engine layout ([K/8, N] + [K/g, N],
-with the act-order input permutation [K] when the checkpoint has one).
+"""A source linear as the deploy writer holds it: float [N, K], W8A8 (8-bit [N, K] + per-channel scales [N]), or
+int4 in the engine layout ([K/8, N] + [K/g, N], with the act-order input permutation [K] when the checkpoint has one).
 
 The fused tensors (qkv, w13) are concatenated along N here; lmd.workspace_format.rank_layout then cuts each rank's part.
 """
@@ -38,7 +38,16 @@ class Int4Linear:
         return Int4Linear(self.qweight[:, index], self.scales[:, index], self.zeros[:, index], self.perm)
 
 
-Linear = FloatLinear | Int4Linear
+@dataclass(frozen=True)
+class W8A8Linear:
+    weight: torch.Tensor  # int8 or float8_e4m3fn [N, K]
+    weight_scale: torch.Tensor  # fp32 [N]
+
+    def tensors(self, prefix: str) -> dict[str, torch.Tensor]:
+        return {f"{prefix}.weight": self.weight, f"{prefix}.weight_scale": self.weight_scale}
+
+
+Linear = FloatLinear | Int4Linear | W8A8Linear
 
 
 def same_perm(parts: list[Linear]) -> bool:
@@ -52,6 +61,9 @@ def same_perm(parts: list[Linear]) -> bool:
 def cat_n(parts: list[Linear]) -> Linear:
     if isinstance(parts[0], FloatLinear):
         return FloatLinear(torch.cat([p.weight for p in parts], dim=0))  # type: ignore[union-attr]
+    if isinstance(parts[0], W8A8Linear):
+        return W8A8Linear(torch.cat([p.weight for p in parts]),  # type: ignore[union-attr]
+                          torch.cat([p.weight_scale for p in parts]))  # type: ignore[union-attr]
     if not same_perm(parts):
         raise ValueError("fused int4 linears with different act-order permutations")
     return Int4Linear(*(torch.cat([getattr(p, f) for p in parts], dim=1) for f in ("qweight", "scales", "zeros")),

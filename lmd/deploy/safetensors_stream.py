@@ -19,7 +19,8 @@ _ALIGN = 8  # the header is space-padded so tensor data starts 8-byte aligned
 
 def _dtype_tag(dtype: torch.dtype) -> str:
     tags = {torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32", torch.float64: "F64",
-            torch.int32: "I32", torch.int64: "I64", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}
+            torch.int32: "I32", torch.int64: "I64", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL",
+            torch.float8_e4m3fn: "F8_E4M3"}
     return tags[dtype]
 
 

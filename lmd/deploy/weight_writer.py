@@ -22,6 +22,7 @@ from lmd.deploy.int4_schemes import Int4Scheme
 from lmd.deploy.linears import FloatLinear, Int4Linear, Linear, cat_n, pad_vocab, same_perm
 from lmd.deploy.safetensors_stream import SafetensorsStreamWriter
 from lmd.deploy.source_weights import TensorReader
+from lmd.deploy.w8a8_checkpoint import read_w8a8_linear
 from lmd.errors import LmdError
 from lmd.workspace_format.config_ini import WorkspaceConfig, rank_weights_path
 from lmd.workspace_format.rank_layout import split_ranks
@@ -56,6 +57,8 @@ class WeightWriter:
 
     def linear(self, module: str, n: int, k: int) -> Linear:
         """W [n, k] as a float linear, or the int4 tensors of the module converted into the engine's int4 layout."""
+        if self.cfg.weight_type in ("int8", "fp8"):
+            return read_w8a8_linear(self.reader, module, n, k, self.cfg.weight_type)
         if self.cfg.weight_type != "int4":
             return FloatLinear(self.matrix(f"{module}.weight", n, k))
         assert self.scheme is not None

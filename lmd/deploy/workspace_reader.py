@@ -40,7 +40,9 @@ def _arch(cfg: WorkspaceConfig) -> ArchSpec:
 
 
 def _dense(tensors: dict[str, torch.Tensor], prefix: str) -> torch.Tensor:
-    """[N, K] weight of a linear: stored as-is for float types, dequantized (in fp32) for int4."""
+    """[N, K] weight of a linear: stored as-is for float types, dequantized (in fp32) for int4 and W8A8."""
+    if f"{prefix}.weight_scale" in tensors:  # W8A8: 8-bit weight times its per-channel scale
+        return tensors[f"{prefix}.weight"].float() * tensors[f"{prefix}.weight_scale"].float()[:, None]
     if f"{prefix}.weight" in tensors:
         return tensors[f"{prefix}.weight"]
     qweight, scales, zeros = (tensors[f"{prefix}.{n}"] for n in ("qweight", "scales", "zeros"))

@@ -1,16 +1,21 @@
-"""Linear layers of the engine: dense (fp32/fp16/bf16, [out, in] weights) and int4 W4A16 (engine layout).
+"""Linear layers of the engine: dense (fp32/fp16/bf16, [out, in] weights), int4 W4A16 (engine layout) and W8A8
+(int8 or FP8 weights with per-channel scales, activations quantized per token at run time).
 
 `int4_matmul` is the one place the int4 path is chosen: the kernels module's `w4a16_linear` dispatches to Triton on
-CUDA and to the PyTorch reference elsewhere.
+CUDA and to the PyTorch reference elsewhere; `lmd.turbomind.kernels.w8a8.w8a8_linear` is the W8A8 one.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from lmd.turbomind.kernels.dense_gemv import DenseGemvConfig
 
 
 def int4_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
@@ -36,12 +41,28 @@ def _int4_reference(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor
 
 
 class DenseLinear:
+    """One token row (batch-1 decode) runs the skinny GEMM where it beats cuBLAS on this GPU (`gemv_plan`, timed
+    once per weight shape at load); everything else is F.linear."""
+
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.weight, self.bias = weight, bias
         self.out_features = weight.shape[0]
+        self.gemv = _gemv_plan(weight) if weight.is_cuda else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gemv is not None and x.dim() == 2 and x.shape[0] == 1 and x.stride(1) == 1:
+            from lmd.turbomind.kernels.dense_gemv import dense_gemv
+
+            return dense_gemv(x, self.weight, self.bias, self.gemv)
         return F.linear(x, self.weight, self.bias)
+
+
+def _gemv_plan(weight: torch.Tensor) -> DenseGemvConfig | None:
+    try:
+        from lmd.turbomind.kernels.dense_gemv_plan import gemv_plan
+    except ImportError:  # no Triton: cuBLAS
+        return None
+    return gemv_plan(weight)
 
 
 class Int4Linear:
@@ -60,14 +81,28 @@ class Int4Linear:
         return int4_matmul(x, self.qweight, self.scales, self.zeros, self.bias)
 
 
-Linear = DenseLinear | Int4Linear
+class W8A8Linear:
+    def __init__(self, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        self.weight, self.weight_scale, self.bias = weight, weight_scale.float(), bias
+        self.out_features = weight.shape[0]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        from lmd.turbomind.kernels.w8a8 import w8a8_linear
+
+        return w8a8_linear(x, self.weight, self.weight_scale, self.bias)
+
+
+Linear = DenseLinear | Int4Linear | W8A8Linear
 
 
 def make_linear(weights: dict[str, torch.Tensor], name: str, dtype: torch.dtype) -> Linear:
-    """`name`.weight (dense) or `name`.qweight/.scales/.zeros[/.perm] (int4), with an optional `name`.bias."""
+    """`name`.weight (dense), `name`.qweight/.scales/.zeros[/.perm] (int4) or `name`.weight/.weight_scale (W8A8),
+    with an optional `name`.bias."""
     bias = weights.get(f"{name}.bias")
     bias = None if bias is None else bias.to(dtype)
     if f"{name}.qweight" in weights:
         return Int4Linear(weights[f"{name}.qweight"], weights[f"{name}.scales"].to(dtype),
                           weights[f"{name}.zeros"].to(dtype), bias, weights.get(f"{name}.perm"))
+    if f"{name}.weight_scale" in weights:
+        return W8A8Linear(weights[f"{name}.weight"], weights[f"{name}.weight_scale"], bias)
     return DenseLinear(weights[f"{name}.weight"].to(dtype), bias)

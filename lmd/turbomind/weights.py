@@ -9,7 +9,8 @@ from lmd.turbomind.config import ModelConfig
 
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Tensor name -> shape of one rank's file (int4 linears as qweight/scales/zeros)."""
+    """Tensor name -> shape of one rank's file (int4 linears as qweight/scales/zeros; int8 / fp8 ones add
+    weight_scale)."""
     r = cfg.tensor_para_size
     hq, hkv, d, h = cfg.head_num // r, cfg.kv_head_num // r, cfg.size_per_head, cfg.hidden_units
     inter = cfg.inter_size // r
@@ -27,6 +28,8 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
                                f"{p}{name}.zeros": (k // g, n)})
             else:
                 shapes[f"{p}{name}.weight"] = (n, k)
+            if cfg.weight_type in ("int8", "fp8"):
+                shapes[f"{p}{name}.weight_scale"] = (n,)
         if cfg.attn_bias:
             shapes[p + "attention.w_qkv.bias"] = ((hq + 2 * hkv) * d,)
     return shapes

@@ -15,7 +15,7 @@ from lmd.errors import LmdError
 from lmd.workspace_format.rank_layout import RankShape
 
 SECTION = "llama"
-WEIGHT_TYPES = ("fp16", "bf16", "fp32", "int4")
+WEIGHT_TYPES = ("fp16", "bf16", "fp32", "int4", "int8", "fp8")
 ROPE_TYPES = ("none", "linear", "dynamic", "llama3", "yarn")
 
 

@@ -2,14 +2,16 @@
 
     column split (N):  attention.w_qkv = [q_r; k_r; v_r]   feed_forward.w13 = [gate_r; up_r]
     row split (K):     attention.wo    feed_forward.w2
-    replicated:        embeddings, output, norms, row-split biases (added once, by rank 0), the act-order input
+    replicated:        embeddings, output, norms, row-split biases (added once, by rank 0) and W8A8 weight_scales
+                       (per output channel), the act-order input
                        permutation (`.perm`) of a column-split linear (its input, the hidden state, is whole on every
                        rank); a row-split linear's permutation mixes every rank's channels, so it exists only at TP 1
 
 Rank r of R holds heads [r·H/R, (r+1)·H/R) of q and of k/v, and MLP channels [r·I/R, (r+1)·I/R). N is dim 0 of a
 float weight or bias and dim 1 of an int4 qweight/scales/zeros; K is the other one (int4: K/8 qweight rows, K/g
-scale rows). `lmd deploy` cuts rank files with `split_tensor`; the engine rebuilds the whole model with
-`merge_ranks` and re-cuts it with `split_ranks` when it runs another TP than the workspace was deployed with.
+scale rows; a W8A8 weight_scale [N] goes with N). `lmd deploy` cuts rank files with `split_tensor`; the engine
+rebuilds the whole model with `merge_ranks` and re-cuts it with `split_ranks` when it runs another TP than the
+workspace was deployed with.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
 
 _COLUMN = ("attention.w_qkv", "feed_forward.w13")
 _ROW = ("attention.wo", "feed_forward.w2")
+_PER_OUTPUT = ("bias", "weight_scale")  # one value per output channel: split with N, whole on every rank of a row split
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,7 @@ def split_tensor(name: str, tensor: torch.Tensor, shape: RankShape, tp: int, ran
         whole = [p * tp for p in shape.column_parts(module, tp)]
         parts = [part.chunk(tp, dim=dim)[rank] for part in torch.split(tensor, whole, dim=dim)]
         return torch.cat(parts, dim=dim)
-    if module in _ROW and kind != "bias":
+    if module in _ROW and kind not in _PER_OUTPUT:
         return tensor.chunk(tp, dim=_k_dim(kind))[rank]
     return tensor
 
@@ -110,7 +113,7 @@ def merge_ranks(ranks: list[dict[str, torch.Tensor]], shape: RankShape) -> dict[
             dim, parts = _n_dim(kind), shape.column_parts(module, tp)
             split = [torch.split(rank[name], parts, dim=dim) for rank in ranks]
             merged[name] = torch.cat([s[i] for i in range(len(parts)) for s in split], dim=dim)
-        elif module in _ROW and kind != "bias":
+        elif module in _ROW and kind not in _PER_OUTPUT:
             merged[name] = torch.cat([rank[name] for rank in ranks], dim=_k_dim(kind))
         else:
             merged[name] = tensor
@@ -140,7 +143,7 @@ def _module_kind(name: str) -> tuple[str, str]:
 
 
 def _n_dim(kind: str) -> int:
-    return 0 if kind in ("weight", "bias") else 1
+    return 0 if kind in ("weight", *_PER_OUTPUT) else 1
 
 
 def _k_dim(kind: str) -> int:

@@ -1,0 +1,93 @@
+"""SmoothQuant (Xiao et al.; LMDeploy lite's `smooth_quant`): move activation outliers into the weights.
+
+For a linear fed by x, per input channel j: s_j = max|x_j|^α / max|W_:,j|^(1-α); x_j / s_j and W_:,j · s_j give the
+same product with a flatter activation, which per-token int8 then resolves. The division is folded into whatever
+produces x, so the float model is unchanged (up to rounding):
+
+    attention norm -> q, k, v     norm weight / s        q/k/v columns · s
+    mlp norm       -> gate, up    norm weight / s        gate/up columns · s
+    v              -> o           v rows (and bias) / s  o columns · s   (s shared by the query heads of a KV head)
+    up             -> down        up rows / s            down columns · s (silu(gate) · up is linear in up)
+
+max|x_j| comes from `lmd calibrate`'s inputs_stats.pth (absmax per input channel of every linear, float model).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from lmd.arch import ArchSpec, decoder_layers, get_module
+from lmd.errors import LmdError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+MIN_SCALE = 1e-5
+
+
+def smooth_scales(act_absmax: torch.Tensor, weights: list[torch.Tensor], alpha: float) -> torch.Tensor:
+    """s [K] for linears [N_i, K] sharing one input whose per-channel absmax is act_absmax [K]."""
+    w_absmax = torch.cat([w.abs().float() for w in weights]).amax(dim=0).clamp(min=MIN_SCALE)
+    a = act_absmax.float().clamp(min=MIN_SCALE)
+    return (a.pow(alpha) / w_absmax.pow(1 - alpha)).clamp(min=MIN_SCALE)
+
+
+@torch.no_grad()
+def smooth_model(model: PreTrainedModel, arch: ArchSpec, input_absmax: dict[str, torch.Tensor], alpha: float) -> int:
+    """Smooth every decoder layer in place; returns the number of smoothed linear groups."""
+    config = model.config
+    heads = int(config.num_attention_heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    groups = 0
+    for i, layer in enumerate(decoder_layers(model, config)):
+        prefix = f"{arch.layers}.{i}."
+
+        def stats(module: str, width: int, prefix: str = prefix) -> torch.Tensor:
+            name = prefix + module
+            if name not in input_absmax:
+                raise LmdError(f"inputs_stats.pth has no {name}; it was calibrated on another model, re-run "
+                               "`lmd calibrate` on this one")
+            value = input_absmax[name]
+            if value.shape != (width,):
+                raise LmdError(f"inputs_stats.pth: {name} has {tuple(value.shape)} channels, the model {width}; "
+                               "re-run `lmd calibrate` on this model")
+            return value
+
+        q, k, v, o = (get_module(layer, m) for m in (arch.q, arch.k, arch.v, arch.o))
+        gate, up, down = (get_module(layer, m) for m in (arch.gate, arch.up, arch.down))
+        hidden = q.weight.shape[1]
+        _norm_to_linears(get_module(layer, arch.attn_norm), [q, k, v], stats(arch.q, hidden), alpha)
+        _norm_to_linears(get_module(layer, arch.mlp_norm), [gate, up], stats(arch.gate, hidden), alpha)
+        _v_to_o(v, o, stats(arch.o, heads * head_dim), alpha, kv_heads, heads // kv_heads, head_dim)
+        s = smooth_scales(stats(arch.down, down.weight.shape[1]), [down.weight], alpha)
+        _rows_divided(up, s)
+        down.weight.mul_(s.to(down.weight.dtype))
+        groups += 4
+    return groups
+
+
+def _norm_to_linears(norm: torch.nn.Module, linears: list[torch.nn.Module], act: torch.Tensor, alpha: float) -> None:
+    s = smooth_scales(act, [lin.weight for lin in linears], alpha)
+    norm.weight.div_(s.to(norm.weight.dtype))
+    for lin in linears:
+        lin.weight.mul_(s.to(lin.weight.dtype))
+
+
+def _v_to_o(v: torch.nn.Module, o: torch.nn.Module, act: torch.Tensor, alpha: float, kv_heads: int, rep: int,
+            head_dim: int) -> None:
+    """o's input channel (h, d) is v's output channel (h // rep, d): one scale per v channel, taken over its rep
+    query heads (the largest activation and weight of the group)."""
+    a = act.float().reshape(kv_heads, rep, head_dim).amax(dim=1).reshape(-1)
+    w = o.weight.abs().float().reshape(o.weight.shape[0], kv_heads, rep, head_dim).amax(dim=(0, 2)).reshape(1, -1)
+    s = smooth_scales(a, [w], alpha)
+    _rows_divided(v, s)
+    o.weight.mul_(s.reshape(kv_heads, 1, head_dim).expand(kv_heads, rep, head_dim).reshape(-1).to(o.weight.dtype))
+
+
+def _rows_divided(linear: torch.nn.Module, s: torch.Tensor) -> None:
+    linear.weight.div_(s.to(linear.weight.dtype)[:, None])
+    if getattr(linear, "bias", None) is not None:
+        linear.bias.div_(s.to(linear.bias.dtype))
