@@ -27,6 +27,7 @@ from typing import Union
 import torch
 
 from lmd.turbomind.kernels import w4a16_plan_cache as plan_cache
+from lmd.turbomind.kernels.gpu_timing import cold_call_ms
 from lmd.turbomind.kernels.w4a16_layout import w4a16_matmul_reference
 
 try:
@@ -201,24 +202,6 @@ def candidates(bucket: int, n: int, k: int, group: int, device: torch.device) ->
     return list(dict.fromkeys(out))
 
 
-def _time_ms(fn, flush: torch.Tensor, reps: int = 15) -> float:
-    """Median GPU time of single calls, each after overwriting a buffer larger than L2 (cold weights, as in a
-    forward pass). A spin kernel keeps the GPU busy while the host launches, so launch overhead stays out, as it
-    does in CUDA-graph replays."""
-    fn()
-    times = []
-    for _ in range(reps):
-        flush.zero_()
-        torch.cuda._sleep(200_000)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        times.append((start, end))
-    torch.cuda.synchronize()
-    return sorted(s.elapsed_time(e) for s, e in times)[reps // 2]
-
-
 def compile_all(plans: list[Plan], x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                 zeros: torch.Tensor) -> None:
     """First launches on a thread pool: Triton's compiler (ptxas runs as a subprocess) then works in parallel."""
@@ -271,7 +254,7 @@ def tune(bucket: int, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.
     for plan in plans:
         try:
             before = run_plan(plan, x, qweight, scales, zeros)
-            ms = _time_ms(lambda p=plan: run_plan(p, x, qweight, scales, zeros), flush)
+            ms = cold_call_ms(lambda p=plan: run_plan(p, x, qweight, scales, zeros), flush)
             after = run_plan(plan, x, qweight, scales, zeros)
         except Exception:  # a config the compiler rejects (shared memory, registers) is simply not a candidate
             continue

@@ -130,7 +130,7 @@ def test_tune_drops_a_faster_plan_whose_output_is_wrong(monkeypatch) -> None:
 
     monkeypatch.setattr(w4a16, "compile_all", lambda *args: None)
     monkeypatch.setattr(w4a16, "run_plan", run)
-    monkeypatch.setattr(w4a16, "_time_ms", time_ms)
+    monkeypatch.setattr(w4a16, "cold_call_ms", time_ms)
     best, log = w4a16.tune(1, qw, s, z, torch.float16, [wrong, right])
     assert best == right and [name for name, _ in log] == [right.name()]
     best, log = w4a16.tune(1, qw, s, z, torch.float16, [wrong])  # nothing right: the untuned default
