@@ -1,7 +1,8 @@
-"""Linear layers of the engine: dense (fp32/fp16/bf16, [out, in] weights) and int4 W4A16 (engine layout).
+"""Linear layers of the engine: dense (fp32/fp16/bf16, [out, in] weights), int4 W4A16 (engine layout) and W8A8
+(int8 or FP8 weights with per-channel scales, activations quantized per token at run time).
 
 `int4_matmul` is the one place the int4 path is chosen: the kernels module's `w4a16_linear` dispatches to Triton on
-CUDA and to the PyTorch reference elsewhere.
+CUDA and to the PyTorch reference elsewhere; `lmd.turbomind.kernels.w8a8.w8a8_linear` is the W8A8 one.
 """
 
 from __future__ import annotations
@@ -80,14 +81,28 @@ class Int4Linear:
         return int4_matmul(x, self.qweight, self.scales, self.zeros, self.bias)
 
 
-Linear = DenseLinear | Int4Linear
+class W8A8Linear:
+    def __init__(self, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        self.weight, self.weight_scale, self.bias = weight, weight_scale.float(), bias
+        self.out_features = weight.shape[0]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        from lmd.turbomind.kernels.w8a8 import w8a8_linear
+
+        return w8a8_linear(x, self.weight, self.weight_scale, self.bias)
+
+
+Linear = DenseLinear | Int4Linear | W8A8Linear
 
 
 def make_linear(weights: dict[str, torch.Tensor], name: str, dtype: torch.dtype) -> Linear:
-    """`name`.weight (dense) or `name`.qweight/.scales/.zeros[/.perm] (int4), with an optional `name`.bias."""
+    """`name`.weight (dense), `name`.qweight/.scales/.zeros[/.perm] (int4) or `name`.weight/.weight_scale (W8A8),
+    with an optional `name`.bias."""
     bias = weights.get(f"{name}.bias")
     bias = None if bias is None else bias.to(dtype)
     if f"{name}.qweight" in weights:
         return Int4Linear(weights[f"{name}.qweight"], weights[f"{name}.scales"].to(dtype),
                           weights[f"{name}.zeros"].to(dtype), bias, weights.get(f"{name}.perm"))
+    if f"{name}.weight_scale" in weights:
+        return W8A8Linear(weights[f"{name}.weight"], weights[f"{name}.weight_scale"], bias)
     return DenseLinear(weights[f"{name}.weight"].to(dtype), bias)
