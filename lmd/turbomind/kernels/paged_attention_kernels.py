@@ -15,8 +15,13 @@ batch, query length and context length; tiles [num_tiles, 2] int32 (sequence, fi
 
 KV_MODE: 0 = cache in the compute dtype; 1 = int8 codes with static (scale, zero) per KV head and channel, given as a
 [4, Hkv, D] fp32 table (k_scale, k_zero, v_scale, v_zero); 2 = int8 codes with online fp16 (scale, zero) per token
-and head stored beside the codes ([blocks, block, Hkv, 2]). Dequantized values are rounded to the compute dtype
-before the dots, as the PyTorch reference does.
+and head stored beside the codes ([blocks, block, Hkv, 2]). The int8 codes are not dequantized element by element:
+they are converted (exactly) to the compute dtype and the dots run on them, with the affine maps folded around the
+dots: static keys by scaling q per channel and adding q . zero; online keys by scaling each key's column of q . c and
+adding zero_key * sum(q); online values by scaling P per key and adding P . zero_key; static values by one per-channel
+map of the accumulator after the loop. A key or value element costs one conversion, not a multiply-add and two
+conversions (the cost that made int8 KV slower than fp16 KV: docs/benchmarks.md). The rounding differs from the
+PyTorch reference's (dequantize, round to the compute dtype, then the dots) by about one compute-dtype rounding.
 """
 
 from __future__ import annotations
@@ -39,34 +44,25 @@ def _key_rows(
 
 
 @triton.jit
-def _kv_tile(
-    cache_ptr,
-    param_ptr,
-    s_vec,
-    z_vec,
-    rows,
-    param_rows,
-    key_ok,
-    offs_d,
-    KV_MODE: tl.constexpr,
-    MASKED: tl.constexpr,
-    OUT_DTYPE: tl.constexpr,
-):
-    """K or V rows [BLOCK_N, D] in OUT_DTYPE (cache_ptr and param_ptr point at the KV head)."""
+def _kv_tile(cache_ptr, rows, key_ok, offs_d, MASKED: tl.constexpr, OUT_DTYPE: tl.constexpr):
+    """K or V rows [BLOCK_N, D] as stored (float, or int8 codes converted exactly) in OUT_DTYPE; cache_ptr points at
+    the KV head."""
     ptrs = cache_ptr + rows[:, None] + offs_d[None, :]
     x = tl.load(ptrs, mask=key_ok[:, None], other=0) if MASKED else tl.load(ptrs)
-    if KV_MODE == 1:
-        x = (x.to(tl.float32) * s_vec[None, :] + z_vec[None, :]).to(OUT_DTYPE)
-    elif KV_MODE == 2:
-        params = param_ptr + param_rows
-        if MASKED:
-            s = tl.load(params, mask=key_ok, other=0.0).to(tl.float32)
-            z = tl.load(params + 1, mask=key_ok, other=0.0).to(tl.float32)
-        else:
-            s = tl.load(params).to(tl.float32)
-            z = tl.load(params + 1).to(tl.float32)
-        x = (x.to(tl.float32) * s[:, None] + z[:, None]).to(OUT_DTYPE)
-    return x
+    return x.to(OUT_DTYPE)
+
+
+@triton.jit
+def _token_params(param_ptr, param_rows, key_ok, MASKED: tl.constexpr):
+    """Online int8: each key's (scale, zero) [BLOCK_N] in fp32 (param_ptr points at the KV head)."""
+    params = param_ptr + param_rows
+    if MASKED:
+        s = tl.load(params, mask=key_ok, other=0.0).to(tl.float32)
+        z = tl.load(params + 1, mask=key_ok, other=0.0).to(tl.float32)
+    else:
+        s = tl.load(params).to(tl.float32)
+        z = tl.load(params + 1).to(tl.float32)
+    return s, z
 
 
 @triton.jit
@@ -139,14 +135,21 @@ def _attention_kernel(
     v_ptr += kv_head * stride_ch
     kp_ptr += kv_head * stride_ph
     vp_ptr += kv_head * stride_ph
+    # int8: the dots run on the codes (converted exactly) and the affine maps are folded around them, so a key or
+    # value element costs one conversion instead of a dequantization (see the module docstring)
+    qf = q.to(tl.float32)
     if KV_MODE == 1:
         static = static_ptr + kv_head * HEAD_DIM + offs_d
         plane = num_kv_heads * HEAD_DIM
         ks, kz = tl.load(static), tl.load(static + plane)
         vs, vz = tl.load(static + 2 * plane), tl.load(static + 3 * plane)
+        q_dot = (qf * ks[None, :]).to(q.dtype)  # q . (c * s + z) = (q * s) . c + q . z
+        q_off = tl.sum(qf * kz[None, :], 1)
     else:
-        ks = tl.full([HEAD_DIM], 1.0, tl.float32)
-        kz, vs, vz = ks, ks, ks
+        vs = tl.full([HEAD_DIM], 1.0, tl.float32)
+        vz = vs
+        q_dot = q
+        q_off = tl.sum(qf, 1)  # online int8: q . (c * s_key + z_key) = s_key (q . c) + z_key sum(q)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -161,8 +164,14 @@ def _attention_kernel(
             krows, prows = _key_rows(
                 table_ptr, keys, key_ok, stride_cb, stride_ct, stride_pb, stride_pt, BLOCK_SIZE, phase == 1
             )
-            k = _kv_tile(k_ptr, kp_ptr, ks, kz, krows, prows, key_ok, offs_d, KV_MODE, phase == 1, q.dtype)
-            qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+            k = _kv_tile(k_ptr, krows, key_ok, offs_d, phase == 1, q.dtype)
+            qk = tl.dot(q_dot, tl.trans(k), input_precision=DOT_PRECISION)
+            if KV_MODE == 1:
+                qk += q_off[:, None]
+            elif KV_MODE == 2:
+                k_s, k_z = _token_params(kp_ptr, prows, key_ok, phase == 1)
+                qk = qk * k_s[None, :] + q_off[:, None] * k_z[None, :]
+            qk = qk * qk_scale
             if phase == 1:
                 qk = tl.where(key_ok[None, :] & (keys[None, :] <= q_pos[:, None]), qk, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, 1))
@@ -171,9 +180,18 @@ def _attention_kernel(
             alpha = tl.exp2(m_i - m_ref)
             p = tl.exp2(qk - m_ref[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
-            v = _kv_tile(v_ptr, vp_ptr, vs, vz, krows, prows, key_ok, offs_d, KV_MODE, phase == 1, q.dtype)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+            v = _kv_tile(v_ptr, krows, key_ok, offs_d, phase == 1, q.dtype)
+            if KV_MODE == 2:  # p @ (c * s_key + z_key) = (p * s_key) @ c + (p . z_key)
+                v_s, v_z = _token_params(vp_ptr, prows, key_ok, phase == 1)
+                pv = tl.dot((p * v_s[None, :]).to(v.dtype), v, input_precision=DOT_PRECISION)
+                pv += tl.sum(p * v_z[None, :], 1)[:, None]
+            else:  # float, or static int8 (its per-channel map is applied once, after the loop)
+                pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+            acc = acc * alpha[:, None] + pv
             m_i = m_new
+
+    if KV_MODE == 1:  # sum_n p_n (c_n * s + z) = (sum_n p_n c_n) * s + l * z, per channel
+        acc = acc * vs[None, :] + l_i[:, None] * vz[None, :]
 
     if SPLITS == 1:
         out = acc / l_i[:, None]
