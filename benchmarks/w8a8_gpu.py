@@ -30,7 +30,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lmd.turbomind.kernels.gpu_timing import cold_call_ms  # noqa: E402
-from lmd.turbomind.kernels.w8a8 import w8a8_linear  # noqa: E402
 from lmd.turbomind.kernels.w8a8_gemm import Tiles, scaled_mm_triton, tiles_for  # noqa: E402
 from lmd.turbomind.kernels.w8a8_quant import quantize_per_token_triton  # noqa: E402
 from lmd.turbomind.kernels.w8a8_reference import (  # noqa: E402
@@ -38,6 +37,7 @@ from lmd.turbomind.kernels.w8a8_reference import (  # noqa: E402
     quantize_weight_per_channel,
     scaled_mm_reference,
 )
+from lmd.turbomind.linear import w8a8_linear  # noqa: E402
 
 LLAMA_7B = {"qkv": (12288, 4096), "o": (4096, 4096), "gate_up": (22016, 4096), "down": (4096, 11008)}  # (N, K)
 QDTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}

@@ -2,20 +2,33 @@
 (int8 or FP8 weights with per-channel scales, activations quantized per token at run time).
 
 `int4_matmul` is the one place the int4 path is chosen: the kernels module's `w4a16_linear` dispatches to Triton on
-CUDA and to the PyTorch reference elsewhere; `lmd.turbomind.kernels.w8a8.w8a8_linear` is the W8A8 one.
+CUDA and to the PyTorch reference elsewhere. `w8a8_linear` is the W8A8 one: per-token activation quantization, then
+the scaled 8-bit GEMM. LMD_W8A8_OPS (kernel_choice's auto / reference / triton): auto runs the Triton kernels
+(kernels/w8a8_quant.py, w8a8_gemm.py) on CUDA and the PyTorch reference (kernels/w8a8_reference.py) elsewhere; triton
+also runs them on CPU under TRITON_INTERPRET=1 (tests). LMD_W8A8_GEMM=torch swaps the GEMM on CUDA for PyTorch's,
+for comparison: `torch._scaled_mm` (cuBLASLt FP8, row-wise scales) or `torch._int_mm` (cuBLAS int8, then the scales
+in a second elementwise pass); it needs M > 16 (else the Triton GEMM runs).
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
+from lmd.errors import LmdError
+from lmd.turbomind.kernel_choice import triton_module, triton_requested
+from lmd.turbomind.kernels.w8a8_reference import quantize_per_token_reference, scaled_mm_reference
+
 if TYPE_CHECKING:
     from lmd.turbomind.kernels.dense_gemv import DenseGemvConfig
+
+W8A8_OPS_ENV = "LMD_W8A8_OPS"
+W8A8_GEMM_ENV = "LMD_W8A8_GEMM"
 
 
 def int4_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
@@ -38,6 +51,45 @@ def _int4_reference(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor
 
     y = w4a16_matmul_reference(x, qweight, scales, zeros)
     return y if bias is None else y + bias
+
+
+def w8a8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] (activation dtype) -> y [..., N]; weight int8 / float8_e4m3fn [N, K], weight_scale fp32 [N]."""
+    flat = x.reshape(-1, x.shape[-1])
+    quant, gemm = _w8a8_kernels(x)
+    if quant is None or gemm is None:
+        q, scale = quantize_per_token_reference(flat, weight.dtype)
+        y = scaled_mm_reference(q, scale, weight, weight_scale, bias, x.dtype)
+    else:
+        q, scale = quant.quantize_per_token_triton(flat.contiguous(), weight.dtype)
+        if _use_torch_gemm(x, q):
+            y = _torch_scaled_mm(q, scale, weight, weight_scale, bias, x.dtype)
+        else:
+            y = gemm.scaled_mm_triton(q, scale, weight, weight_scale, bias, x.dtype)
+    return y.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def _w8a8_kernels(x: torch.Tensor) -> tuple[object | None, object | None]:
+    if not triton_requested(x, W8A8_OPS_ENV) or not (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
+        return None, None
+    return triton_module("w8a8_quant"), triton_module("w8a8_gemm")
+
+
+def _use_torch_gemm(x: torch.Tensor, q: torch.Tensor) -> bool:
+    choice = os.environ.get(W8A8_GEMM_ENV) or "triton"
+    if choice not in ("triton", "torch"):
+        raise LmdError(f"{W8A8_GEMM_ENV}={choice!r}: use 'triton' (the default) or 'torch'")
+    return choice == "torch" and x.is_cuda and q.shape[0] > 16
+
+
+def _torch_scaled_mm(q: torch.Tensor, scale: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                     bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+    if q.dtype == torch.int8:
+        y = torch._int_mm(q, weight.t()).float() * scale[:, None] * weight_scale[None, :]
+        return (y if bias is None else y + bias.float()).to(out_dtype)
+    return torch._scaled_mm(q, weight.t(), scale_a=scale[:, None], scale_b=weight_scale[None, :], bias=bias,
+                            out_dtype=out_dtype)
 
 
 class DenseLinear:
@@ -87,8 +139,6 @@ class W8A8Linear:
         self.out_features = weight.shape[0]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        from lmd.turbomind.kernels.w8a8 import w8a8_linear
-
         return w8a8_linear(x, self.weight, self.weight_scale, self.bias)
 
 

@@ -71,8 +71,8 @@ def dispatch_case(q: str, act: str) -> float:
     """w8a8_linear with LMD_W8A8_OPS=triton vs =reference on a 3-D activation."""
     import torch
 
-    from lmd.turbomind.kernels.w8a8 import w8a8_linear
     from lmd.turbomind.kernels.w8a8_reference import quantize_weight_per_channel
+    from lmd.turbomind.linear import w8a8_linear
 
     qdtype, dtype = _dtypes(q, act)
     g = torch.Generator().manual_seed(4)
