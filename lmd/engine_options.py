@@ -111,6 +111,32 @@ EnforceEagerOpt = Annotated[
     ),
 ]
 
+SpeculativeMethodOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--speculative-method",
+        help="Speculative decoding (greedy output unchanged, sampling's distribution unchanged): ngram (prompt "
+        "lookup: propose what followed the last few tokens earlier in the prompt or reply) or draft (a smaller "
+        "workspace, --speculative-model). Off by default.",
+    ),
+]
+SpeculativeModelOpt = Annotated[
+    str | None,
+    typer.Option("--speculative-model", metavar="WORKSPACE",
+                 help="The draft model of --speculative-method draft: an lmd workspace sharing MODEL's tokenizer."),
+]
+NumSpeculativeTokensOpt = Annotated[
+    int | None,
+    typer.Option("--num-speculative-tokens", metavar="K",
+                 help="Most tokens proposed per step and verified in one forward (default 4)."),
+]
+SpeculativeTreeOpt = Annotated[
+    str | None,
+    typer.Option("--speculative-tree", metavar="BRANCHxDEPTH",
+                 help="Draft a token tree (BRANCH candidates per depth) instead of a chain (--speculative-method "
+                 "draft)."),
+]
+
 # Servers (serve, gradio) take vLLM's spelling and LMDeploy's for the same two flags.
 HostOpt = Annotated[
     str,
@@ -163,11 +189,30 @@ def eager_overrides(enforce_eager: bool) -> dict[str, Any]:
     return {"cuda_graph": False} if enforce_eager else {}
 
 
+def speculative_overrides(method: str | None, model: str | None = None, num_tokens: int | None = None,
+                          tree: str | None = None) -> dict[str, Any]:
+    """The engine option of the --speculative-* flags: {"speculative": SpeculativeConfig} or nothing."""
+    if method is None:
+        given = [flag for flag, value in (("--speculative-model", model), ("--num-speculative-tokens", num_tokens),
+                                          ("--speculative-tree", tree)) if value is not None]
+        if given:
+            raise LmdError(f"{', '.join(given)} need --speculative-method ngram|draft")
+        return {}
+    from lmd.turbomind.speculative.config import SpeculativeConfig, parse_tree
+
+    options: dict[str, Any] = {"model": model, "tree": None if tree is None else parse_tree(tree)}
+    if num_tokens is not None:
+        options["num_speculative_tokens"] = num_tokens
+    return {"speculative": SpeculativeConfig(method, **options)}
+
+
 def split_flags(flags: dict[str, Any]) -> tuple[GenerationConfig, dict[str, Any]]:
     """(sampling config, engine overrides) from a command's parameters; engine flags left unset keep config.ini's."""
     gen_config = generation_config(**{name: flags[name] for name in _SAMPLING_FLAGS})
     overrides = {name: flags[name] for name in _ENGINE_FLAGS if flags.get(name) is not None}
-    return gen_config, overrides | eager_overrides(bool(flags.get("enforce_eager")))
+    speculative = speculative_overrides(flags.get("speculative_method"), flags.get("speculative_model"),
+                                        flags.get("num_speculative_tokens"), flags.get("speculative_tree"))
+    return gen_config, overrides | eager_overrides(bool(flags.get("enforce_eager"))) | speculative
 
 
 @contextmanager

@@ -37,8 +37,12 @@ from lmd.engine_options import (
     DtypeOpt,
     EnforceEagerOpt,
     MaxBatchSizeOpt,
+    NumSpeculativeTokensOpt,
     QuantPolicyOpt,
     SessionLenOpt,
+    SpeculativeMethodOpt,
+    SpeculativeModelOpt,
+    SpeculativeTreeOpt,
     TpOpt,
 )
 
@@ -110,6 +114,10 @@ def throughput_command(
     quant_policy: QuantPolicyOpt = None,
     tp: TpOpt = None,
     enforce_eager: EnforceEagerOpt = False,
+    speculative_method: SpeculativeMethodOpt = None,
+    speculative_model: SpeculativeModelOpt = None,
+    num_speculative_tokens: NumSpeculativeTokensOpt = None,
+    speculative_tree: SpeculativeTreeOpt = None,
     label: Label = None,
     save_result: SaveResult = None,
     plot: Plot = None,
@@ -182,6 +190,10 @@ def latency_command(
     quant_policy: QuantPolicyOpt = None,
     tp: TpOpt = None,
     enforce_eager: EnforceEagerOpt = False,
+    speculative_method: SpeculativeMethodOpt = None,
+    speculative_model: SpeculativeModelOpt = None,
+    num_speculative_tokens: NumSpeculativeTokensOpt = None,
+    speculative_tree: SpeculativeTreeOpt = None,
     as_json: AsJson = False,
 ) -> None:
     """Latency at fixed lengths per batch size: time to first token, decode ms per token, tokens/s."""

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from lmd.turbomind.engine import Engine
 
 DTYPES = ("auto", "fp32", "fp16", "bf16")
+_SPECULATIVE_FIELDS = ("speculative_method", "speculative_model", "num_speculative_tokens", "speculative_tree")
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,10 @@ class EngineOverrides:
     quant_policy: int | None = None
     tp: int | None = None  # tensor-parallel processes (docs/engine.md); None: 1, all ranks merged in one process
     enforce_eager: bool = False  # decode steps without CUDA graphs
+    speculative_method: str | None = None  # the --speculative-* flags (lmd.engine_options.speculative_overrides)
+    speculative_model: str | None = None
+    num_speculative_tokens: int | None = None
+    speculative_tree: str | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -40,10 +45,13 @@ class EngineOverrides:
             raise LmdError(f"--quant-policy {self.quant_policy} is unknown; use 0 (KV in compute dtype) or 4 (KV int8)")
 
     def as_kwargs(self) -> dict[str, Any]:
-        from lmd.engine_options import eager_overrides
+        from lmd.engine_options import eager_overrides, speculative_overrides
 
-        kwargs = {k: v for k, v in asdict(self).items() if v is not None and k != "enforce_eager"}
-        return kwargs | eager_overrides(self.enforce_eager)
+        kwargs = {k: v for k, v in asdict(self).items() if v is not None and k != "enforce_eager"
+                  and not k.endswith(_SPECULATIVE_FIELDS)}
+        speculative = speculative_overrides(self.speculative_method, self.speculative_model,
+                                            self.num_speculative_tokens, self.speculative_tree)
+        return kwargs | eager_overrides(self.enforce_eager) | speculative
 
 
 def open_engine(model: str, model_name: str, overrides: EngineOverrides) -> Pipeline:
@@ -67,4 +75,5 @@ def engine_facts(engine: Engine, model: str) -> dict[str, Any]:
         "decode_graphs": runner.graphs is not None,
         "max_len": engine.max_len,
         "engine_config": asdict(engine.workspace.engine),
+        "speculative": None if engine.speculative is None else asdict(engine.speculative),
     }

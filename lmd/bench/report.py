@@ -103,7 +103,21 @@ def throughput_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
         ("prefix-hit tokens", f"{engine['prefix_hit_tokens']:,}"),
         ("finish reasons", ", ".join(f"{k} {v}" for k, v in sorted(report["finish_reasons"].items()))),
     ]
+    speculative = speculative_summary(engine)
+    if speculative is not None:
+        rows.append(("speculative accepted / proposed", speculative))
     return rows
+
+
+def speculative_summary(engine: dict[str, Any]) -> str | None:
+    """Accepted / proposed tokens, the rate and the mean accepted length (tokens per verification, the target's own
+    included) of a run's engine counters; None when nothing was verified."""
+    verifications = engine.get("spec_verifications", 0)
+    if not verifications:
+        return None
+    accepted, proposed = engine["spec_accepted_tokens"], engine["spec_proposed_tokens"]
+    return (f"{accepted:,} / {proposed:,} ({accepted / proposed:.0%}), mean accepted length "
+            f"{1 + accepted / verifications:.2f}")
 
 
 def print_throughput(report: dict[str, Any]) -> None:

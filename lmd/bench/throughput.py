@@ -22,7 +22,8 @@ from lmd.errors import LmdError
 if TYPE_CHECKING:
     from lmd.turbomind.engine import Engine, EngineStats
 
-STAT_COUNTERS = ("prompt_tokens", "computed_tokens", "prefix_hit_tokens", "generated_tokens", "preemptions", "steps")
+STAT_COUNTERS = ("prompt_tokens", "computed_tokens", "prefix_hit_tokens", "generated_tokens", "preemptions", "steps",
+                 "spec_verifications", "spec_proposed_tokens", "spec_accepted_tokens")
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,14 @@ from lmd.engine_options import (
     MaxNewTokensOpt,
     ModelArg,
     ModelNameOpt,
+    NumSpeculativeTokensOpt,
     QuantPolicyOpt,
     RepetitionPenaltyOpt,
     SeedOpt,
     SessionLenOpt,
+    SpeculativeMethodOpt,
+    SpeculativeModelOpt,
+    SpeculativeTreeOpt,
     SystemOpt,
     TemperatureOpt,
     TopKOpt,
@@ -41,6 +45,10 @@ def chat_command(
     dtype: DtypeOpt = "auto",
     tp: TpOpt = None,
     enforce_eager: EnforceEagerOpt = False,
+    speculative_method: SpeculativeMethodOpt = None,
+    speculative_model: SpeculativeModelOpt = None,
+    num_speculative_tokens: NumSpeculativeTokensOpt = None,
+    speculative_tree: SpeculativeTreeOpt = None,
 ) -> None:
     """Chat with a model in the terminal or from piped lines; replies stream as they are generated.
 

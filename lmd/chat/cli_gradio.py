@@ -17,11 +17,15 @@ from lmd.engine_options import (
     MaxNewTokensOpt,
     ModelArg,
     ModelNameOpt,
+    NumSpeculativeTokensOpt,
     PortOpt,
     QuantPolicyOpt,
     RepetitionPenaltyOpt,
     SeedOpt,
     SessionLenOpt,
+    SpeculativeMethodOpt,
+    SpeculativeModelOpt,
+    SpeculativeTreeOpt,
     SystemOpt,
     TemperatureOpt,
     TopKOpt,
@@ -54,6 +58,10 @@ def gradio_command(
     dtype: DtypeOpt = "auto",
     tp: TpOpt = None,
     enforce_eager: EnforceEagerOpt = False,
+    speculative_method: SpeculativeMethodOpt = None,
+    speculative_model: SpeculativeModelOpt = None,
+    num_speculative_tokens: NumSpeculativeTokensOpt = None,
+    speculative_tree: SpeculativeTreeOpt = None,
 ) -> None:
     """Serve a chat web page (gradio): streaming replies, Stop, Reset, sampling sliders.
 

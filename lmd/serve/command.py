@@ -20,9 +20,13 @@ from lmd.engine_options import (
     MaxBatchSizeOpt,
     ModelArg,
     NoPrefixCachingOpt,
+    NumSpeculativeTokensOpt,
     PortOpt,
     QuantPolicyOpt,
     SessionLenOpt,
+    SpeculativeMethodOpt,
+    SpeculativeModelOpt,
+    SpeculativeTreeOpt,
     TpOpt,
     check_port,
 )
@@ -69,6 +73,10 @@ def serve_command(
     dtype: DtypeOpt = "auto",
     tp: TpOpt = None,
     enforce_eager: EnforceEagerOpt = False,
+    speculative_method: SpeculativeMethodOpt = None,
+    speculative_model: SpeculativeModelOpt = None,
+    num_speculative_tokens: NumSpeculativeTokensOpt = None,
+    speculative_tree: SpeculativeTreeOpt = None,
     no_enable_prefix_caching: NoPrefixCachingOpt = False,
     disable_frontend_multiprocessing: Annotated[
         bool,
@@ -95,7 +103,7 @@ def serve_command(
         raise LmdError(f"--log-level {log_level} is unknown; use one of {', '.join(LOG_LEVELS)}")
     if tool_call_parser is not None and tool_call_parser not in TOOL_FORMATS:
         raise LmdError(f"--tool-call-parser {tool_call_parser} is unknown; use one of {', '.join(TOOL_FORMATS)}")
-    from lmd.engine_options import eager_overrides, open_chat_engine
+    from lmd.engine_options import eager_overrides, open_chat_engine, speculative_overrides
     from lmd.turbomind.workspace import is_workspace
 
     if chat_template is not None and is_workspace(model):
@@ -117,6 +125,8 @@ def serve_command(
     )
     keys = [k for k in (api_keys or []) if k]
     overrides = {k: v for k, v in overrides.items() if v is not None} | eager_overrides(enforce_eager)
+    overrides |= speculative_overrides(speculative_method, speculative_model, num_speculative_tokens,
+                                       speculative_tree)
     with open_chat_engine(model, chat_template, overrides, engine_process=not disable_frontend_multiprocessing) as engine:
         _run(engine, model_name or _default_name(model), keys, host, port, log_level, tool_call_parser)
 

@@ -60,6 +60,8 @@ def render_metrics(stats: EngineStats, counts: RequestCounts) -> str:
     usage = stats.blocks_used / stats.blocks_total if stats.blocks_total else 0.0
     _header(lines, "lmd_kv_cache_usage_ratio", "gauge", "Fraction of KV cache blocks held by requests.")
     lines.append(f"lmd_kv_cache_usage_ratio {usage:.6g}")
+    if stats.speculative_method is not None:
+        _speculative_metrics(lines, stats)
     _header(lines, "lmd_requests_finished_total", "counter", "Requests finished, by endpoint and finish reason.")
     for (endpoint, reason), value in sorted(counts.finished.items()):
         lines.append(f'lmd_requests_finished_total{{endpoint="{endpoint}",finish_reason="{reason}"}} {value}')
@@ -67,6 +69,24 @@ def render_metrics(stats: EngineStats, counts: RequestCounts) -> str:
     for (endpoint, status), value in sorted(counts.rejected.items()):
         lines.append(f'lmd_requests_rejected_total{{endpoint="{endpoint}",status="{status}"}} {value}')
     return "\n".join(lines) + "\n"
+
+
+# (metric name, type, EngineStats field, help) of speculative decoding, labelled by method
+_SPECULATIVE_METRICS = (
+    ("lmd_spec_proposed_tokens_total", "counter", "spec_proposed_tokens", "Tokens proposed for verification."),
+    ("lmd_spec_accepted_tokens_total", "counter", "spec_accepted_tokens", "Proposed tokens the model accepted."),
+    ("lmd_spec_verifications_total", "counter", "spec_verifications", "Verifications of proposed tokens."),
+    ("lmd_spec_mean_accepted_length", "gauge", "spec_mean_accepted_length",
+     "Tokens made per verification: accepted proposals plus the model's own token."),
+)
+
+
+def _speculative_metrics(lines: list[str], stats: EngineStats) -> None:
+    for name, kind, attr, help_text in _SPECULATIVE_METRICS:
+        _header(lines, name, kind, help_text)
+        value = getattr(stats, attr)
+        text = f"{value:.6g}" if isinstance(value, float) else str(value)
+        lines.append(f'{name}{{method="{stats.speculative_method}"}} {text}')
 
 
 def _header(lines: list[str], name: str, kind: str, help_text: str) -> None:
