@@ -34,6 +34,7 @@ from lmd.bench.report import latency_report, throughput_report  # noqa: E402
 from lmd.bench.sampling import random_requests  # noqa: E402
 from lmd.bench.throughput import run_throughput  # noqa: E402
 from lmd.deploy.config_from_hf import ModelDims, build_workspace_config  # noqa: E402
+from lmd.deploy.int4_schemes import Int4Scheme  # noqa: E402
 from lmd.deploy.source_weights import TensorReader  # noqa: E402
 from lmd.deploy.weight_writer import write_weights  # noqa: E402
 from lmd.turbomind.kernels.w4a16_layout import pack_awq_int32  # noqa: E402
@@ -113,7 +114,9 @@ def build_workspace(root: Path, shape: dict, int4: bool, session_len: int, devic
         compute_dtype="fp16",
         where="random weights",
     )
-    write_weights(root, RandomReader(int4, device), ARCHITECTURES["llama"], cfg, dims, torch.float16, progress=False)
+    scheme = Int4Scheme("awq", GROUP, sym=False, act_order=False) if int4 else None  # RandomReader packs AWQ's way
+    write_weights(root, RandomReader(int4, device), ARCHITECTURES["llama"], cfg, dims, torch.float16, progress=False,
+                  scheme=scheme)
     write_workspace_config(root, cfg)
     return root
 
