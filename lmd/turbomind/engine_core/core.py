@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import threading
 from multiprocessing.connection import Connection
 from typing import Any
@@ -81,7 +82,9 @@ class _Outbox:
 
 def run_engine_core(conn: Connection, workspace: str, overrides: dict[str, Any]) -> None:
     """The child process's entry point: build the engine, say Ready (or StartFailed), then serve messages until
-    Shutdown or the client's end of the pipe closes (the client process exited: the engine stops too)."""
+    Shutdown or the client's end of the pipe closes (the client process exited: the engine stops too). Ctrl+C
+    reaches the whole process group; the client decides when this process stops, so SIGINT is ignored here."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         engine = Engine(workspace, **overrides)
     except BaseException as exc:  # one message for the client, which raises it as a one-line error
