@@ -1,7 +1,7 @@
 """Speculative decoding on CPU: SmolLM2-135M-Instruct fp32, batch 1, greedy; plain decoding vs n-gram prompt lookup.
 
     python3 benchmarks/speculative_cpu.py [--workspace DIR] [--max-new-tokens 128] [--num-wiki 4] [--num-mt 8]
-        [--num-speculative-tokens 4]
+        [--num-speculative-tokens 2,4]
 
 Prompt sets: `wiki-rewrite` and `wiki-summary` (a WikiText-2 test paragraph to rewrite / summarise), `code-edit` (a
 Python block to return with one change), `mt-bench` (MT-bench first turns: little to copy). Each prompt runs on
@@ -134,13 +134,26 @@ def deploy_workspace(path: Path) -> Path:
     return path
 
 
+def summarise(rows: list[dict], label: str) -> dict:
+    plain_s, spec_s = sum(r["plain_s"] for r in rows), sum(r[f"{label}_s"] for r in rows)
+    plain_cpu, spec_cpu = sum(r["plain_cpu_s"] for r in rows), sum(r[f"{label}_cpu_s"] for r in rows)
+    proposed, accepted = sum(r[f"{label}_proposed"] for r in rows), sum(r[f"{label}_accepted"] for r in rows)
+    verifications = sum(r[f"{label}_verifications"] for r in rows)
+    return dict(identical=all(r[f"{label}_identical"] for r in rows), plain_s=plain_s, spec_s=spec_s,
+                speedup=plain_s / spec_s, cpu_speedup=plain_cpu / spec_cpu,
+                worst_prompt_cpu_speedup=min(r["plain_cpu_s"] / r[f"{label}_cpu_s"] for r in rows),
+                steps_ratio=sum(r["plain_steps"] for r in rows) / sum(r[f"{label}_steps"] for r in rows),
+                acceptance=accepted / proposed if proposed else 0.0,
+                mean_accepted_length=1 + accepted / verifications if verifications else 0.0)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workspace", default="/tmp/lmd-smol-fp32-ws")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--num-wiki", type=int, default=4)
     parser.add_argument("--num-mt", type=int, default=8)
-    parser.add_argument("--num-speculative-tokens", type=int, default=4)
+    parser.add_argument("--num-speculative-tokens", default="2,4", help="comma list: one n-gram engine per K")
     parser.add_argument("--prompt-lookup-min", type=int, default=2)
     parser.add_argument("--sets", default="wiki-rewrite,wiki-summary,code-edit,mt-bench")
     parser.add_argument("--threads", type=int, default=1)
@@ -148,45 +161,48 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     ws = deploy_workspace(Path(args.workspace))
     options = dict(start=False, cache_max_entry_count=64, cache_block_seq_len=64, session_len=4096)
-    spec = SpeculativeConfig("ngram", args.num_speculative_tokens, prompt_lookup_min=args.prompt_lookup_min)
-    plain, ngram = Engine(ws, **options), Engine(ws, speculative=spec, **options)
+    engines = {"plain": Engine(ws, **options)}
+    for k in (int(x) for x in args.num_speculative_tokens.split(",")):
+        spec = SpeculativeConfig("ngram", k, prompt_lookup_min=args.prompt_lookup_min)
+        engines[f"ngram-k{k}"] = Engine(ws, speculative=spec, **options)
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=0)
     sets = prompt_sets(args.num_wiki, args.num_mt)
     results = {}
     for name in args.sets.split(","):
         rows = []
         for i, prompt in enumerate(sets[name]):
-            before = ngram.stats()
-            order = [("plain", plain), ("ngram", ngram)] if i % 2 == 0 else [("ngram", ngram), ("plain", plain)]
+            order = list(engines.items())
+            order = order if i % 2 == 0 else order[::-1]  # each engine first as often as last
+            before = {label: engine.stats() for label, engine in order}
             run = {label: timed(engine, prompt, config) for label, engine in order}
-            after = ngram.stats()
-            (p_tok, p_s, p_cpu, p_steps), (s_tok, s_s, s_cpu, s_steps) = run["plain"], run["ngram"]
-            rows.append(dict(tokens=len(p_tok), identical=p_tok == s_tok, plain_s=p_s, ngram_s=s_s,
-                             plain_cpu_s=p_cpu, ngram_cpu_s=s_cpu,
-                             plain_steps=p_steps, ngram_steps=s_steps,
-                             proposed=after.spec_proposed_tokens - before.spec_proposed_tokens,
-                             accepted=after.spec_accepted_tokens - before.spec_accepted_tokens,
-                             verifications=after.spec_verifications - before.spec_verifications))
-            print(name, i, rows[-1], flush=True)
-        plain_s, ngram_s = sum(r["plain_s"] for r in rows), sum(r["ngram_s"] for r in rows)
-        plain_cpu, ngram_cpu = sum(r["plain_cpu_s"] for r in rows), sum(r["ngram_cpu_s"] for r in rows)
-        proposed, accepted = sum(r["proposed"] for r in rows), sum(r["accepted"] for r in rows)
-        verifications = sum(r["verifications"] for r in rows)
-        results[name] = dict(prompts=len(rows), tokens=sum(r["tokens"] for r in rows),
-                             identical=all(r["identical"] for r in rows), plain_s=plain_s, ngram_s=ngram_s,
-                             speedup=plain_s / ngram_s, cpu_speedup=plain_cpu / ngram_cpu,
-                             steps_ratio=sum(r["plain_steps"] for r in rows) / sum(r["ngram_steps"] for r in rows),
-                             acceptance=accepted / proposed if proposed else 0.0,
-                             mean_accepted_length=1 + accepted / verifications if verifications else 0.0,
-                             worst_prompt_speedup=min(r["plain_s"] / r["ngram_s"] for r in rows), rows=rows)
+            row: dict = dict(tokens=len(run["plain"][0]), plain_s=run["plain"][1], plain_cpu_s=run["plain"][2],
+                             plain_steps=run["plain"][3])
+            for label, (tokens, wall, cpu, steps) in run.items():
+                if label == "plain":
+                    continue
+                after, was = engines[label].stats(), before[label]
+                row.update({f"{label}_identical": tokens == run["plain"][0], f"{label}_s": wall,
+                            f"{label}_cpu_s": cpu, f"{label}_steps": steps,
+                            f"{label}_proposed": after.spec_proposed_tokens - was.spec_proposed_tokens,
+                            f"{label}_accepted": after.spec_accepted_tokens - was.spec_accepted_tokens,
+                            f"{label}_verifications": after.spec_verifications - was.spec_verifications})
+            rows.append(row)
+            print(name, i, row, flush=True)
+        results[name] = dict(prompts=len(rows), tokens=sum(r["tokens"] for r in rows), rows=rows,
+                             **{label: summarise(rows, label) for label in engines if label != "plain"})
     out = Path(os.environ.get("OUT", ".")) / "speculative_cpu.json"
     out.write_text(json.dumps(dict(args=vars(args), results=results), indent=1))
-    print(f"\n{'set':<14}{'prompts':>8}{'tokens':>8}{'identical':>10}{'plain s':>9}{'ngram s':>9}{'speed-up':>9}"
-          f"{'worst':>7}{'CPU x':>7}{'steps x':>8}{'accept':>8}{'mean len':>9}")
+    print(f"\n{'set':<14}{'engine':<10}{'prompts':>8}{'tokens':>7}{'same':>6}{'plain s':>9}{'spec s':>8}"
+          f"{'wall x':>8}{'CPU x':>7}{'worst':>7}{'steps x':>8}{'accept':>7}{'mean len':>9}")
     for name, r in results.items():
-        print(f"{name:<14}{r['prompts']:>8}{r['tokens']:>8}{str(r['identical']):>10}{r['plain_s']:>9.2f}"
-              f"{r['ngram_s']:>9.2f}{r['speedup']:>8.2f}x{r['worst_prompt_speedup']:>6.2f}x{r['cpu_speedup']:>6.2f}x"
-              f"{r['steps_ratio']:>7.2f}x{r['acceptance']:>8.2f}{r['mean_accepted_length']:>9.2f}")
+        for label in engines:
+            if label == "plain":
+                continue
+            m = r[label]
+            print(f"{name:<14}{label:<10}{r['prompts']:>8}{r['tokens']:>7}{str(m['identical']):>6}"
+                  f"{m['plain_s']:>9.2f}{m['spec_s']:>8.2f}{m['speedup']:>7.2f}x{m['cpu_speedup']:>6.2f}x"
+                  f"{m['worst_prompt_cpu_speedup']:>6.2f}x{m['steps_ratio']:>7.2f}x{m['acceptance']:>7.2f}"
+                  f"{m['mean_accepted_length']:>9.2f}")
 
 
 if __name__ == "__main__":

@@ -66,17 +66,22 @@ def test_ngram_index_proposes_the_latest_continuation():
     assert index.propose(ids + [3, 9], 2) == [5, 6]  # only the 1-gram (9,) matches
 
 
-def test_backoff_after_failed_verifications():
+def test_backoff_and_proposal_length():
     request = SpeculativeRequest(NGRAM)
-    ids = [1, 2, 3, 1, 2]
-    assert request.propose(ids, 4) == [3, 1, 2]
-    request.record(3, 0)
-    assert request.propose(ids, 4) == []  # one plain step
-    assert request.propose(ids, 4) == [3, 1, 2]
-    request.record(3, 0)
-    assert [request.propose(ids, 4) for _ in range(3)] == [[], [], [3, 1, 2]]  # two plain steps
-    request.record(3, 1)
-    assert request.propose(ids, 4) == [3, 1, 2]
+    ids = [1, 2, 3, 4, 5, 6, 1, 2]
+    assert request.propose(ids, 9) == [3, 4, 5, 6]  # K = 4
+    request.record(4, 0)
+    assert request.propose(ids, 9) == []  # one plain step
+    assert request.propose(ids, 9) == [3]  # the last accepted run (none) + 1
+    request.record(1, 0)
+    assert [request.propose(ids, 9) for _ in range(3)] == [[], [], [3]]  # two plain steps
+    request.record(1, 1)  # all accepted: one more next time
+    assert request.propose(ids, 9) == [3, 4]
+    request.record(2, 2)
+    assert request.propose(ids, 9) == [3, 4, 5]
+    request.record(3, 1)  # a run of 1 accepted: 2 next
+    assert request.propose(ids, 9) == [3, 4]
+    assert request.propose(ids, 1) == [3]  # never more than the room left
 
 
 def test_config_checks():
