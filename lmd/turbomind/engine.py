@@ -9,7 +9,9 @@ With `start=False` no thread runs and the caller drives `step()` itself (tests, 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +29,7 @@ from lmd.turbomind.model_runner import ModelRunner
 from lmd.turbomind.prompt_logprobs import PendingPromptLogprobs, plan
 from lmd.turbomind.request_intake import Prompt, checked_request, encode_prompt
 from lmd.turbomind.request_state import RequestState
-from lmd.turbomind.request_stream import RequestStream
+from lmd.turbomind.request_stream import Delta, RequestStream
 from lmd.turbomind.sampler import PendingSample, Sampler, SamplingRow
 from lmd.turbomind.scheduler import Scheduler, SchedulerOutput
 from lmd.turbomind.sequence import Sequence
@@ -95,6 +97,7 @@ class Engine:
         self.grammar_compiler = GrammarCompiler(self.tokenizer, ws.model.vocab_size, self.eos_ids)
         self.max_len = min(cfg.session_len, self.runner.num_blocks * cfg.cache_block_seq_len)
         self._states: dict[int, RequestState] = {}
+        self._unscheduled: dict[int, RequestState] = {}  # admitted, no step has computed them yet
         self._seq_of: dict[object, int] = {}
         self._next_seq_id = 0
         self._inbox: list[Callable[[], None]] = []
@@ -221,6 +224,8 @@ class Engine:
         self._drain_inbox()
         proposed = self._propose() if self.speculative is not None else []
         output = self.scheduler.schedule()
+        if self._unscheduled:
+            self._stamp_scheduled(output)
         for seq in proposed:
             seq.draft_token_ids = []  # taken into this step's chunks (or dropped: preempted, out of budget)
         if not output.chunks:
@@ -368,7 +373,7 @@ class Engine:
             self.block_manager.commit_full_blocks(seq)
             self._counts["generated_tokens"] += 1
             delta = state.delta(token, logprob, alternatives, finish)
-            state.stream.put(delta)
+            self._put(state, delta)
             if delta.finish_reason is not None:  # stop or eos token, length, or a stop string
                 self._finish(seq.seq_id, None)
                 break
@@ -412,13 +417,31 @@ class Engine:
             delta = state.delta(token, logprob, alternatives, finish)
             if delta.finish_reason is not None and not state.finished:  # a stop string: free first, as below
                 self._finish(state.seq.seq_id, None)
-            state.stream.put(delta)
+            self._put(state, delta)
+
+    def _put(self, state: RequestState, delta: Delta) -> None:
+        """To the request's stream; the final delta carries the request's times."""
+        if delta.finish_reason is not None:
+            delta = dataclasses.replace(delta, times=state.timer.finish(bool(delta.token_ids)))
+        elif delta.token_ids and state.timer.first_token is None:
+            state.timer.first_token = time.time()
+        state.stream.put(delta)
+
+    def _stamp_scheduled(self, output: SchedulerOutput) -> None:
+        """The first step that computes a request (its samples too) is when it was scheduled."""
+        now = time.time()
+        for chunk in output.chunks:
+            state = self._unscheduled.pop(chunk.seq_id, None)
+            if state is not None:
+                for scheduled in (state, *state.siblings):
+                    scheduled.timer.scheduled = now
 
     def _admit(self, states: list[RequestState]) -> None:
         """The first sample's sequence is queued; the others wait to be forked from it."""
         for state in states:
             self._states[state.seq.seq_id] = state
         self._counts["prompt_tokens"] += len(states[0].seq)
+        self._unscheduled[states[0].seq.seq_id] = states[0]
         self.scheduler.add(states[0].seq)
 
     def _abort(self, request_id: object) -> None:
@@ -430,12 +453,13 @@ class Engine:
     def _finish(self, seq_id: int, reason: str | None) -> None:
         """Free everything of a request; `reason` set: also end its stream (abort, error)."""
         state = self._states.pop(seq_id)
+        self._unscheduled.pop(seq_id, None)
         state.finished = True
         with self._cv:  # generate() checks request ids under the same lock
             self._seq_of.pop(state.request_id, None)
         self.scheduler.finish(state.seq)
         if reason is not None:
-            state.stream.put(state.final_delta(reason, state.stop_strings.flush()))
+            self._put(state, state.final_delta(reason, state.stop_strings.flush()))
 
     def _end_all(self, reason: str) -> None:
         self._flush()

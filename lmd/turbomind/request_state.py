@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from lmd.turbomind.detokenizer import IncrementalDetokenizer
 from lmd.turbomind.gen_config import GenerationConfig
 from lmd.turbomind.request_stream import Delta, PromptEntry, RequestStream, Usage
+from lmd.turbomind.request_times import RequestTimer
 from lmd.turbomind.sampler import SamplingRow, request_generator
 from lmd.turbomind.sequence import Sequence
 from lmd.turbomind.stop_strings import StopStringMatcher
@@ -37,6 +38,7 @@ class RequestState:
         self.siblings: list[RequestState] = []
         self.fork_parent: Sequence | None = None
         self.finished = False  # set by the engine when it frees the request
+        self.timer = RequestTimer()  # queued now; the engine stamps scheduled and first token
         # prompt logprobs (config.prompt_logprobs): one entry per prompt token, None for the first; sent once, with
         # the first delta; `planned`: prompt tokens whose logprobs a scheduled step computes (token 0 has none)
         self.prompt_logprobs: list[PromptEntry] | None = None if config.prompt_logprobs is None else [None]

@@ -12,6 +12,8 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 
+from lmd.turbomind.request_times import RequestTimes
+
 
 @dataclass(frozen=True)
 class Usage:
@@ -37,6 +39,7 @@ class Delta:
     logprobs: tuple[float, ...] | None = None  # of each token in token_ids (when the request asked for logprobs)
     top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None
     prompt_logprobs: tuple[PromptEntry, ...] | None = None  # once, in a request's first delta (prompt_logprobs set)
+    times: RequestTimes | None = None  # in the final delta: when the request was queued, scheduled, ... finished
 
 
 def best_by_logprob(responses: list[Response], n: int) -> list[Response]:
@@ -59,6 +62,7 @@ class Response:
     logprobs: list[float] | None = None
     top_logprobs: list[tuple[tuple[int, float], ...]] | None = None
     prompt_logprobs: list[PromptEntry] | None = None
+    times: RequestTimes | None = None
 
     def add(self, delta: Delta) -> None:
         if delta.prompt_logprobs is not None:
@@ -71,6 +75,7 @@ class Response:
             self.top_logprobs = (self.top_logprobs or []) + list(delta.top_logprobs)
         self.finish_reason = delta.finish_reason or self.finish_reason
         self.usage = delta.usage or self.usage
+        self.times = delta.times or self.times
 
 
 class RequestStream:
