@@ -34,17 +34,21 @@ from lmd.serve.sampling import generation_config
 from lmd.serve.streaming import AbortingEventStream, sse_event, unless_disconnected
 from lmd.serve.structured_outputs import StructuredOutput, compile_structured_output, request_structured_output
 from lmd.serve.tools import ToolUse, tool_call_output, tool_use
+from lmd.serve.tracing import RequestTracer, TracedRequest
 from lmd.turbomind.engine import Engine
 from lmd.turbomind.gen_config import GenerationConfig
-from lmd.turbomind.request_stream import RequestStream, Usage, best_by_logprob
+from lmd.turbomind.request_stream import Delta, RequestStream, Usage, best_by_logprob
+from lmd.turbomind.request_stream import Response as EngineResponse
 
 _log = logging.getLogger("lmd.serve")
 
 
 class _Server:
-    def __init__(self, engine: Engine, model_name: str, api_keys: Sequence[str], tool_call_parser: str | None) -> None:
+    def __init__(self, engine: Engine, model_name: str, api_keys: Sequence[str], tool_call_parser: str | None,
+                 tracer: RequestTracer | None = None) -> None:
         self.engine, self.model_name = engine, model_name
         self.tool_call_parser = tool_call_parser
+        self.tracer = tracer
         self.api_keys = tuple(api_keys)
         self.counts = RequestCounts()
         self.created = int(time.time())
@@ -170,6 +174,7 @@ class _Server:
 
     async def generate(self, request: Request, body: ChatCompletionRequest | CompletionRequest,
                        prompts: list[list[int]], endpoint: str, tools: ToolUse | None = None) -> Response:
+        arrival = time.time()
         chat = endpoint == CHAT
         field = "messages" if chat else "prompt"  # what a refused prompt's 400 names
         structured = await self.structured_output(body, tools)
@@ -200,17 +205,28 @@ class _Server:
             for request_id in ids:
                 self.engine.abort(request_id)  # a no-op when the request already finished
 
+        def trace(finals: Sequence[EngineResponse | Delta]) -> None:
+            if self.tracer is not None:
+                usage = summed_usage([f.usage for f in finals], samples)
+                self.tracer.record(request.headers, TracedRequest(
+                    response_id, endpoint, self.model_name, arrival, configs[0],
+                    tuple(f.finish_reason or "abort" for f in finals), usage,
+                    tuple(f.times for f in finals if f.times is not None)))
+
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
             reasons: dict[int, str] = {}
+
+            finals: dict[int, Delta] = {}
 
             def on_close() -> None:
                 abort_all()
                 self.in_flight.difference_update(ids)
                 for i in range(len(ids)):
                     self.counts.finish(endpoint, reasons.get(i))
+                trace([finals[i] for i in sorted(finals)])
 
-            return AbortingEventStream(self.events(streams, builder, include_usage, reasons), on_close)
+            return AbortingEventStream(self.events(streams, builder, include_usage, reasons, finals), on_close)
         gathered = asyncio.gather(*(collect(s) for s in streams))
         try:
             results = await unless_disconnected(request, gathered, abort_all)
@@ -218,6 +234,7 @@ class _Server:
             self.in_flight.difference_update(ids)
         for i in range(len(ids)):
             self.counts.finish(endpoint, None if results is None else results[i].finish_reason)
+        trace(results or [])
         if results is None:
             return Response(status_code=499)  # nobody is listening any more
         if any(r.finish_reason == "error" for r in results):
@@ -228,14 +245,16 @@ class _Server:
         return JSONResponse(builder.full(results, usage))
 
     async def events(self, streams: list[RequestStream], builder: ResponseBuilder, include_usage: bool,
-                     reasons: dict[int, str]) -> AsyncIterator[str]:
+                     reasons: dict[int, str], finals: dict[int, Delta]) -> AsyncIterator[str]:
         """`reasons`: how each prompt's generation ended (absent until its last delta: client gone, server
-        stopped), for the counters."""
+        stopped), for the counters; `finals`: the last delta of each (tracing)."""
         if builder.chat:
             for chunk in builder.role_chunks(len(streams), include_usage):
                 yield sse_event(chunk)
         usages: list[Usage | None] = [None] * len(streams)
         async for index, delta in merged(streams):
+            if delta.finish_reason is not None:
+                finals[index] = delta
             if delta.finish_reason == "error":
                 reasons[index] = "error"
                 yield sse_event(self.engine_failure().body())
@@ -262,12 +281,15 @@ def _prompt_field(index: int, count: int, field: str = "prompt") -> str:
 
 
 def create_app(engine: Engine, model_name: str, api_keys: Sequence[str] = (),
-               tool_call_parser: str | None = None) -> FastAPI:
+               tool_call_parser: str | None = None, otlp_traces_endpoint: str | None = None) -> FastAPI:
     """The HTTP app over `engine` (already running its step loop), serving it as `model_name`; `tool_call_parser`
-    (one of TOOL_FORMATS) reads tool calls in replies instead of the chat template family's own format."""
+    (one of TOOL_FORMATS) reads tool calls in replies instead of the chat template family's own format;
+    `otlp_traces_endpoint`: export a span per generation request there (lmd.serve.tracing); the caller shuts the
+    tracer down (`app.state.server.tracer`) when the app is done."""
     if tool_call_parser is not None and tool_call_parser not in TOOL_FORMATS:
         raise LmdError(f"tool call parser {tool_call_parser!r} is unknown; use one of {', '.join(TOOL_FORMATS)}")
-    server = _Server(engine, model_name, api_keys, tool_call_parser)
+    tracer = None if otlp_traces_endpoint is None else RequestTracer(otlp_traces_endpoint)
+    server = _Server(engine, model_name, api_keys, tool_call_parser, tracer)
     app = FastAPI(title="lmd serve", summary="OpenAI-compatible API over the lmd engine", version="0.1.0")
     app.state.server = server
     install_error_handlers(app, server.counts.reject)

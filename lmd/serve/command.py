@@ -95,6 +95,14 @@ def serve_command(
             "tokenizer's template)."
         ),
     ] = None,
+    otlp_traces_endpoint: Annotated[
+        str | None,
+        typer.Option(
+            "--otlp-traces-endpoint",
+            help="Export an OpenTelemetry span per generation request to this OTLP/HTTP collector (vLLM's flag), "
+            "e.g. http://localhost:4318/v1/traces; a W3C traceparent header becomes its parent. Default: off.",
+        ),
+    ] = None,
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/models,
     /health, /metrics); see docs/serve.md."""
@@ -103,6 +111,10 @@ def serve_command(
         raise LmdError(f"--log-level {log_level} is unknown; use one of {', '.join(LOG_LEVELS)}")
     if tool_call_parser is not None and tool_call_parser not in TOOL_FORMATS:
         raise LmdError(f"--tool-call-parser {tool_call_parser} is unknown; use one of {', '.join(TOOL_FORMATS)}")
+    if otlp_traces_endpoint is not None:
+        from lmd.serve.tracing import traces_url
+
+        traces_url(otlp_traces_endpoint)  # a bad URL fails before the model loads
     from lmd.engine_options import eager_overrides, open_chat_engine, speculative_overrides
     from lmd.turbomind.workspace import is_workspace
 
@@ -128,11 +140,12 @@ def serve_command(
     overrides |= speculative_overrides(speculative_method, speculative_model, num_speculative_tokens,
                                        speculative_tree)
     with open_chat_engine(model, chat_template, overrides, engine_process=not disable_frontend_multiprocessing) as engine:
-        _run(engine, model_name or _default_name(model), keys, host, port, log_level, tool_call_parser)
+        _run(engine, model_name or _default_name(model), keys, host, port, log_level, tool_call_parser,
+             otlp_traces_endpoint)
 
 
 def _run(engine: Any, name: str, keys: list[str], host: str, port: int, log_level: str,
-         tool_call_parser: str | None) -> None:
+         tool_call_parser: str | None, otlp_traces_endpoint: str | None) -> None:
     import uvicorn
     from rich.console import Console
     from rich.table import Table
@@ -140,7 +153,8 @@ def _run(engine: Any, name: str, keys: list[str], host: str, port: int, log_leve
     from lmd.serve.app import create_app
     from lmd.turbomind.engine_core import EngineClient
 
-    app = create_app(engine, name, keys, tool_call_parser)
+    app = create_app(engine, name, keys, tool_call_parser, otlp_traces_endpoint)
+    tracer = app.state.server.tracer
     stats, cfg = engine.stats(), engine.workspace.engine
     table = Table(title="lmd serve", show_header=False)
     shown_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
@@ -159,11 +173,16 @@ def _run(engine: Any, name: str, keys: list[str], host: str, port: int, log_leve
         ("decode steps", _decode_mode(engine)),
         ("tool calls", _tool_mode(engine, tool_call_parser)),
         ("API keys", f"{len(keys)} accepted" if keys else "none (open)"),
+        ("tracing", f"OTLP spans to {tracer.url}" if tracer is not None else "off"),
     ):
         table.add_row(key, str(value))
     Console(stderr=True).print(table)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
-    _stoppable_server_class()(config, app.state.server.abort_all).run()
+    try:
+        _stoppable_server_class()(config, app.state.server.abort_all).run()
+    finally:
+        if tracer is not None:
+            tracer.shutdown()  # the spans still queued go out
 
 
 def _tp_mode(ws: Any) -> str:

@@ -43,6 +43,7 @@ def test_help_explains_the_flags() -> None:
         (["--server-port", "70000"], "--port 70000"),
         (["--log-level", "loud"], "--log-level loud"),
         (["--chat-template", "qwen"], "--chat-template"),
+        (["--otlp-traces-endpoint", "collector:4318"], "--otlp-traces-endpoint"),
     ],
 )
 def test_bad_flags_fail_in_one_line(serve_ws, flags, words) -> None:
