@@ -1,0 +1,125 @@
+"""Decode attention at batch 64 (Llama-2-7B: 32 KV heads, head dim 128), fp16 KV against online int8 KV, over a grid
+of kernel configs: which block_n / warps / stages / splits make int8 KV decode faster than fp16's (issue 14, 5c).
+A CUDA machine.
+
+    python3 benchmarks/attention_int8_sweep.py [--batch 64] [--contexts 128,1024] [--layers 4]
+
+Random K/V codes and (scale, zero) per token (timing does not depend on their values), `--layers` separate pools
+visited in turn so L2 never holds the next call's KV; each candidate is a CUDA graph of every layer's decode call x 5,
+median of 5 replays, per layer call. Each int8 config's output is checked against the default config's.
+Writes $OUT/attention_int8_sweep.json and prints the best configs per context last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from lmd.turbomind.kernels.paged_attention import (  # noqa: E402
+    AttentionConfig,
+    attention_meta,
+    default_config,
+    paged_attention_triton,
+)
+
+HKV, D, BLOCK = 32, 128, 64
+GRID = [AttentionConfig(block_n=bn, decode_warps=w, num_stages=s, num_splits=sp)
+        for bn, w, s, sp in itertools.product((32, 64, 128), (2, 4, 8), (1, 2, 3), (0,))]
+REPS = 5
+
+
+def pools(batch: int, ctx: int, layers: int, int8: bool, dev: torch.device):
+    blocks = batch * -(-ctx // BLOCK)
+    g = torch.Generator(device=dev).manual_seed(ctx)
+    out = []
+    for _ in range(layers):
+        if int8:
+            k = torch.randint(-128, 128, (blocks, BLOCK, HKV, D), dtype=torch.int8, device=dev, generator=g)
+            v = torch.randint(-128, 128, (blocks, BLOCK, HKV, D), dtype=torch.int8, device=dev, generator=g)
+            params = torch.rand((2, blocks, BLOCK, HKV, 2), device=dev, generator=g) * 0.02
+            out.append((k, v, params[0].half(), params[1].half()))
+        else:
+            k = torch.randn((blocks, BLOCK, HKV, D), device=dev, generator=g).half()
+            v = torch.randn((blocks, BLOCK, HKV, D), device=dev, generator=g).half()
+            out.append((k, v, None, None))
+    perm = torch.randperm(blocks, device=dev, generator=g).view(batch, -1).to(torch.int32)
+    meta = attention_meta(list(range(batch)), [1] * batch, [ctx] * batch, list(perm), dev)
+    q = torch.randn((batch, HKV, D), device=dev, generator=g).half()
+    return out, meta, q
+
+
+def time_us(fn, layers: int) -> float:
+    fn()
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        fn()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(REPS):
+                fn()
+    times = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / (REPS * layers))
+    return sorted(times)[2]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--contexts", default="128,1024")
+    p.add_argument("--layers", type=int, default=4)
+    args = p.parse_args()
+    dev = torch.device("cuda")
+    scale = D ** -0.5
+    results = []
+    for ctx in (int(c) for c in args.contexts.split(",")):
+        for int8 in (False, True):
+            layers, meta, q = pools(args.batch, ctx, args.layers, int8, dev)
+
+            def run(cfg: AttentionConfig, layers=layers, meta=meta, q=q) -> list[torch.Tensor]:
+                return [paged_attention_triton(q, k, v, meta, scale, k_param=kp, v_param=vp, config=cfg)
+                        for k, v, kp, vp in layers]
+
+            default = default_config(D, torch.float16)
+            ref = run(default)[0].float()
+            for cfg in [default] + (GRID if int8 else []):
+                try:
+                    out = run(cfg)[0].float()
+                    error = (out - ref).abs().max().item()
+                    us = time_us(lambda c=cfg: run(c), args.layers)
+                except Exception as exc:  # noqa: BLE001 (a config that does not compile)
+                    print(f"ctx {ctx} {'int8' if int8 else 'fp16'} {cfg}: {type(exc).__name__}", flush=True)
+                    continue
+                kv_bytes = args.batch * ctx * HKV * D * 2 * (1 if int8 else 2)
+                results.append(dict(ctx=ctx, kv="int8" if int8 else "fp16", default=cfg == default, block_n=cfg.block_n,
+                                    warps=cfg.decode_warps, stages=cfg.num_stages, splits=cfg.num_splits, us=us,
+                                    tbs=kv_bytes / us / 1e6, error=error))
+            del layers
+            torch.cuda.empty_cache()
+    out_dir = Path(os.environ.get("OUT", "."))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "attention_int8_sweep.json").write_text(json.dumps(results, indent=1))
+    for ctx in sorted({r["ctx"] for r in results}):
+        rows = [r for r in results if r["ctx"] == ctx]
+        base = [r for r in rows if r["default"]]
+        print(f"\nctx {ctx}: " + "; ".join(f"{r['kv']} default {r['us']:.1f} µs ({r['tbs']:.2f} TB/s)" for r in base))
+        for r in sorted((r for r in rows if r["kv"] == "int8"), key=lambda r: r["us"])[:6]:
+            print(f"  int8 bn{r['block_n']} w{r['warps']} st{r['stages']}: {r['us']:.1f} µs ({r['tbs']:.2f} TB/s), "
+                  f"max diff {r['error']:.1e}")
+
+
+if __name__ == "__main__":
+    main()
