@@ -110,30 +110,6 @@ class AwqConfig:
 
 
 @dataclass(frozen=True)
-class MethodFields:
-    """What `--method` sets; the other flags (--no-clip, --refine-scale, ...) still apply on top."""
-
-    search_scale: bool
-    clip: bool
-    gptq: bool = False
-    sign_round: bool = False
-
-
-METHODS = {
-    "awq": MethodFields(search_scale=True, clip=True),
-    "awq-gptq": MethodFields(search_scale=True, clip=True, gptq=True),
-    "autoround": MethodFields(search_scale=True, clip=False, sign_round=True),
-    "rtn": MethodFields(search_scale=False, clip=False),
-}
-
-
-def method_fields(method: str) -> MethodFields:
-    if method not in METHODS:
-        raise LmdError(f"--method {method!r} is not valid; use one of {', '.join(METHODS)}")
-    return METHODS[method]
-
-
-@dataclass(frozen=True)
 class LayerReport:
     index: int
     scales: tuple[ScaleResult, ...]

@@ -11,6 +11,7 @@ import typer
 
 from lmd.errors import LmdError
 from lmd.lite.awq_accuracy import DEFAULT_ITEMS, DEFAULT_TASKS
+from lmd.lite.awq_methods import DEFAULT_METHOD
 
 if TYPE_CHECKING:
     import torch
@@ -22,9 +23,10 @@ def awq_command(
     model: str = typer.Argument(..., help="HF model directory, .gguf file or hub id."),
     work_dir: str = typer.Option(..., "--work-dir", help="Output directory for the quantized HF model."),
     method: str = typer.Option(
-        "awq",
+        DEFAULT_METHOD,
         "--method",
-        help="awq (scale search + clip search, round to nearest), awq-gptq (the same grid, GPTQ's codes), "
+        help="awq-gptq (the default: AWQ's scales and clipped grid, codes chosen by GPTQ's error feedback), "
+        "awq (scale search + clip search, round to nearest), "
         "autoround (AWQ's scales, then rounding and clipping learned per block against the float block's output "
         "by signed gradient descent) or rtn (plain round to nearest).",
     ),
@@ -107,9 +109,10 @@ def awq_command(
 
     from lmd import __version__
     from lmd.arch import get_arch
-    from lmd.lite.awq import AwqConfig, check_group_size, method_fields
+    from lmd.lite.awq import AwqConfig, check_group_size
     from lmd.lite.awq_accuracy import accuracy, load_probe
     from lmd.lite.awq_export import write_awq_model
+    from lmd.lite.awq_methods import method_fields
     from lmd.lite.output_dir import atomic_output_dir, check_output_dir
     from lmd.model_source import check_device, load_causal_lm, load_config, load_tokenizer, resolve_model
 

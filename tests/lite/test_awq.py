@@ -147,7 +147,7 @@ def test_awq_on_cuda_keeps_the_model_on_the_host_and_beats_rtn(outlier_model):
 
 @pytest.mark.parametrize("method", ["awq", "awq-gptq", "autoround"])
 def test_every_method_beats_rtn_on_the_models_output(outlier_model, method):
-    from lmd.lite.awq import method_fields
+    from lmd.lite.awq_methods import method_fields
 
     calib, held_out = _ids(8, 64, seed=0), _ids(HELD_OUT, 64, seed=1)
     reference = _final_hidden(_load(outlier_model), held_out)

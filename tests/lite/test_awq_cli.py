@@ -56,7 +56,8 @@ def test_cli_writes_an_awq_directory_and_reports_ppl(tiny_llama, calib_text, tmp
     )
     assert run.returncode == 0, run.stderr
     report = json.loads(run.stdout)
-    assert report["method"] == "awq" and report["group_size"] == 32 and report["calib_samples"] == 4
+    # the default method, awq-gptq
+    assert report["method"] == "awq+gptq" and report["group_size"] == 32 and report["calib_samples"] == 4
     assert report["int4_ppl"] > 0 and report["fp_ppl"] > 0 and report["eval_windows"] == 1
     # the accuracy line: both models scored on the first 8 items of each task, as fractions of 8
     assert report["eval_items"] == 8 and set(report["fp_acc"]) == set(report["int4_acc"]) == {"arc_easy", "piqa"}
@@ -157,5 +158,16 @@ def test_cli_defaults_are_the_config_defaults():
         ("refine_scale", "refine_scale"),
         ("gptq", "gptq"),
         ("quantized_inputs", "quantized_inputs"),
+        ("autoround_iters", "sign_round_iters"),
+        ("autoround_batch", "sign_round_batch"),
     ):
         assert params[flag].default.default == getattr(config, field), flag
+
+
+def test_cli_default_method_is_the_chosen_one():
+    import inspect
+
+    from lmd.lite.awq_methods import DEFAULT_METHOD, METHODS
+    from lmd.lite.cli_awq import awq_command
+
+    assert inspect.signature(awq_command).parameters["method"].default.default == DEFAULT_METHOD in METHODS
