@@ -76,8 +76,8 @@ class AwqConfig:
         if self.asym_clip and not self.clip:
             raise LmdError("--asym-clip changes the clip search, which --no-clip turns off; drop one of them")
         if self.sign_round and (self.clip or self.rounding.needs_hessian):
-            raise LmdError("--method autoround learns its own clipping and rounding; drop --clip, --gptq and "
-                           "--refine-scale (or use --method awq / awq-gptq)")
+            raise LmdError("--method autoround learns its own clipping and rounding: it does not combine with the "
+                           "clip search, --gptq or --refine-scale; drop them or use --method awq / awq-gptq")
         if self.sign_round_iters < 1 or self.sign_round_batch < 1:
             raise LmdError(f"--autoround-iters {self.sign_round_iters} and --autoround-batch "
                            f"{self.sign_round_batch} must be at least 1")
