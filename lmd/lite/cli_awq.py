@@ -84,9 +84,11 @@ def awq_command(
         help="Calibrate each block on the outputs of the already quantized blocks "
         "before it (as GPTQ does) instead of the float model's.",
     ),
-    autoround_iters: int = typer.Option(100, "--autoround-iters", help="--method autoround: steps per block."),
-    autoround_batch: int = typer.Option(
-        2, "--autoround-batch", help="--method autoround: calibration sequences per step."
+    autoround_iters: int | None = typer.Option(
+        None, "--autoround-iters", help="--method autoround: signed-gradient steps per block (default 100)."
+    ),
+    autoround_batch: int | None = typer.Option(
+        None, "--autoround-batch", help="--method autoround: calibration sequences per step (default 2)."
     ),
     eval_dataset: str = typer.Option("wikitext2", "--eval-dataset", help="Data set of the fp-vs-int4 ppl report."),
     eval_windows: int = typer.Option(4, "--eval-windows", help="Windows of the ppl report (0 = all)."),
@@ -117,6 +119,10 @@ def awq_command(
     from lmd.model_source import check_device, load_causal_lm, load_config, load_tokenizer, resolve_model
 
     preset = method_fields(method)
+    given = (("sign_round_iters", autoround_iters), ("sign_round_batch", autoround_batch))
+    tuning = {field: value for field, value in given if value is not None}
+    if tuning and not preset.sign_round:
+        raise LmdError(f"--autoround-iters/--autoround-batch apply to --method autoround only, not --method {method}")
     config = AwqConfig(
         w_bits=w_bits,
         group_size=w_group_size,
@@ -130,8 +136,7 @@ def awq_command(
         gptq=preset.gptq or gptq,
         quantized_inputs=quantized_inputs,
         sign_round=preset.sign_round,
-        sign_round_iters=autoround_iters,
-        sign_round_batch=autoround_batch,
+        **tuning,
         batch_size=batch_size,
         device=check_device(device),
     )

@@ -107,6 +107,7 @@ def test_unsupported_architecture_lists_the_supported_ones(tmp_path):
         (["--method", "omni"], "--method 'omni' is not valid"),
         (["--method", "autoround", "--gptq"], "--method autoround"),
         (["--method", "autoround", "--autoround-iters", "0"], "--autoround-iters 0"),
+        (["--method", "awq", "--autoround-batch", "4"], "apply to --method autoround only"),
     ],
 )
 def test_bad_flags_fail_before_loading_anything(tmp_path, flags, message):
@@ -158,8 +159,6 @@ def test_cli_defaults_are_the_config_defaults():
         ("refine_scale", "refine_scale"),
         ("gptq", "gptq"),
         ("quantized_inputs", "quantized_inputs"),
-        ("autoround_iters", "sign_round_iters"),
-        ("autoround_batch", "sign_round_batch"),
     ):
         assert params[flag].default.default == getattr(config, field), flag
 
@@ -167,7 +166,12 @@ def test_cli_defaults_are_the_config_defaults():
 def test_cli_default_method_is_the_chosen_one():
     import inspect
 
+    from lmd.lite.awq import AwqConfig
     from lmd.lite.awq_methods import DEFAULT_METHOD, METHODS
     from lmd.lite.cli_awq import awq_command
 
-    assert inspect.signature(awq_command).parameters["method"].default.default == DEFAULT_METHOD in METHODS
+    params = inspect.signature(awq_command).parameters
+    assert params["method"].default.default == DEFAULT_METHOD in METHODS
+    config = AwqConfig()  # --autoround-* default to None (refused outside autoround); their help names the defaults
+    assert f"default {config.sign_round_iters})" in params["autoround_iters"].default.help
+    assert f"default {config.sign_round_batch})" in params["autoround_batch"].default.help
