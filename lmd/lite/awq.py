@@ -57,8 +57,8 @@ class AwqConfig:
     gptq: bool = False  # GPTQ error-feedback rounding on the AWQ grid
     quantized_inputs: bool = False  # calibrate each block on the quantized previous blocks' outputs
     sign_round: bool = False  # AutoRound: rounding and clipping learned against the float block's output
-    sign_round_iters: int = 100
-    sign_round_batch: int = 2  # calibration sequences per signed-gradient step
+    sign_round_iters: int = SignRoundConfig.iters
+    sign_round_batch: int = SignRoundConfig.batch  # calibration sequences per signed-gradient step
     batch_size: int = 16
     device: str = "cpu"
 

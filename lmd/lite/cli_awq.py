@@ -85,10 +85,10 @@ def awq_command(
         "before it (as GPTQ does) instead of the float model's.",
     ),
     autoround_iters: int | None = typer.Option(
-        None, "--autoround-iters", help="--method autoround: signed-gradient steps per block (default 100)."
+        None, "--autoround-iters", help="--method autoround: signed-gradient steps per block (default 20)."
     ),
     autoround_batch: int | None = typer.Option(
-        None, "--autoround-batch", help="--method autoround: calibration sequences per step (default 2)."
+        None, "--autoround-batch", help="--method autoround: calibration sequences per step (default 1)."
     ),
     eval_dataset: str = typer.Option("wikitext2", "--eval-dataset", help="Data set of the fp-vs-int4 ppl report."),
     eval_windows: int = typer.Option(4, "--eval-windows", help="Windows of the ppl report (0 = all)."),
