@@ -6,13 +6,20 @@ import json
 
 import typer
 
+from lmd.errors import LmdError
+
 
 def smooth_quant_command(
     model: str = typer.Argument(..., help="HF model directory, .gguf file or hub id."),
     work_dir: str = typer.Option("./work_dir", "--work-dir", help="Output HF directory (W8A8 compressed-tensors)."),
     fp8: bool = typer.Option(False, "--fp8", help="FP8 e4m3 weights and activations instead of int8."),
-    smooth_alpha: float = typer.Option(0.5, "--smooth-alpha",
-                                       help="SmoothQuant migration strength α in [0, 1]: s = max|x|^α / max|W|^(1-α)."),
+    smooth_alpha: str = typer.Option("0.5", "--smooth-alpha",
+                                     help="SmoothQuant migration strength α in [0, 1]: s = max|x|^α / max|W|^(1-α); "
+                                          "auto: per smoothing group, the α of 0.2..0.8 with the least W8A8 output "
+                                          "error on --search-samples calibration windows."),
+    search_samples: int | None = typer.Option(None, "--search-samples",
+                                              help="Calibration windows (of --calib-dataset, --calib-seqlen) the "
+                                                   "auto α search measures on (default 8)."),
     smooth: bool | None = typer.Option(None, "--smooth/--no-smooth",
                                        help="Migrate activation outliers into the weights (default: on for int8, "
                                             "off for --fp8)."),
@@ -36,7 +43,8 @@ def smooth_quant_command(
     from lmd.lite.cli_calibrate import _layer_progress
     from lmd.lite.smooth_quant_run import SmoothQuantConfig, smooth_quant
 
-    cfg = SmoothQuantConfig(model=model, work_dir=work_dir, scheme="fp8" if fp8 else "int8", alpha=smooth_alpha,
+    cfg = SmoothQuantConfig(model=model, work_dir=work_dir, scheme="fp8" if fp8 else "int8", alpha=_alpha(smooth_alpha),
+                            search_samples=search_samples,
                             smooth=smooth, calib_dir=calib_dir, calib_dataset=calib_dataset,
                             calib_samples=calib_samples, calib_seqlen=calib_seqlen, data_dir=data_dir, device=device,
                             dtype=dtype, force=force)
@@ -52,3 +60,12 @@ def smooth_quant_command(
     for key, value in result.to_json().items():
         table.add_row(key, str(value))
     Console().print(table)
+
+
+def _alpha(text: str) -> float | None:
+    if text == "auto":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise LmdError(f"--smooth-alpha {text} is not a number; give one in [0, 1] or auto") from None

@@ -14,6 +14,7 @@ max|x_j| comes from `lmd calibrate`'s inputs_stats.pth (absmax per input channel
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 import torch
@@ -35,13 +36,19 @@ def smooth_scales(act_absmax: torch.Tensor, weights: list[torch.Tensor], alpha: 
 
 
 @torch.no_grad()
-def smooth_model(model: PreTrainedModel, arch: ArchSpec, input_absmax: dict[str, torch.Tensor], alpha: float) -> int:
-    """Smooth every decoder layer in place; returns the number of smoothed linear groups."""
+def smooth_model(model: PreTrainedModel, arch: ArchSpec, input_absmax: dict[str, torch.Tensor], alpha: float | None,
+                 inputs: dict[str, torch.Tensor] | None = None, qdtype: torch.dtype = torch.int8) -> list[float]:
+    """Smooth every decoder layer in place; returns the α of each smoothing group (4 per layer, in the order of the
+    module docstring). alpha None: each group's α is searched (lmd.lite.smooth_quant_search) on `inputs`, the
+    captured inputs of q_proj, gate_proj, o_proj and down_proj."""
+    from lmd.lite.smooth_quant_search import best_alpha
+
     config = model.config
     heads = int(config.num_attention_heads)
     kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
     head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
-    groups = 0
+    rep = heads // kv_heads
+    chosen: list[float] = []
     for i, layer in enumerate(decoder_layers(model, config)):
         prefix = f"{arch.layers}.{i}."
 
@@ -56,35 +63,52 @@ def smooth_model(model: PreTrainedModel, arch: ArchSpec, input_absmax: dict[str,
                                "re-run `lmd calibrate` on this model")
             return value
 
+        def pick(module: str, weight: torch.Tensor, scales_for, prefix: str = prefix) -> float:
+            if alpha is not None:
+                return alpha
+            assert inputs is not None
+            return best_alpha(inputs[prefix + module], weight, scales_for, qdtype)
+
         q, k, v, o = (get_module(layer, m) for m in (arch.q, arch.k, arch.v, arch.o))
         gate, up, down = (get_module(layer, m) for m in (arch.gate, arch.up, arch.down))
         hidden = q.weight.shape[1]
-        _norm_to_linears(get_module(layer, arch.attn_norm), [q, k, v], stats(arch.q, hidden), alpha)
-        _norm_to_linears(get_module(layer, arch.mlp_norm), [gate, up], stats(arch.gate, hidden), alpha)
-        _v_to_o(v, o, stats(arch.o, heads * head_dim), alpha, kv_heads, heads // kv_heads, head_dim)
-        s = smooth_scales(stats(arch.down, down.weight.shape[1]), [down.weight], alpha)
+        for norm, linears, first in ((arch.attn_norm, [q, k, v], arch.q), (arch.mlp_norm, [gate, up], arch.gate)):
+            weights = [lin.weight for lin in linears]
+            norm_scales = functools.partial(smooth_scales, stats(first, hidden), weights)
+            chosen.append(pick(first, torch.cat(weights), norm_scales))
+            _norm_to_linears(get_module(layer, norm), linears, norm_scales(chosen[-1]))
+        v_scales = functools.partial(_v_to_o_scales, o.weight, stats(arch.o, heads * head_dim), kv_heads, rep,
+                                     head_dim)
+        chosen.append(pick(arch.o, o.weight, lambda a, f=v_scales: _repeat_heads(f(a), kv_heads, rep)))
+        s = v_scales(chosen[-1])
+        _rows_divided(v, s)
+        o.weight.mul_(_repeat_heads(s, kv_heads, rep).to(o.weight.dtype))
+        down_scales = functools.partial(smooth_scales, stats(arch.down, down.weight.shape[1]), [down.weight])
+        chosen.append(pick(arch.down, down.weight, down_scales))
+        s = down_scales(chosen[-1])
         _rows_divided(up, s)
         down.weight.mul_(s.to(down.weight.dtype))
-        groups += 4
-    return groups
+    return chosen
 
 
-def _norm_to_linears(norm: torch.nn.Module, linears: list[torch.nn.Module], act: torch.Tensor, alpha: float) -> None:
-    s = smooth_scales(act, [lin.weight for lin in linears], alpha)
+def _norm_to_linears(norm: torch.nn.Module, linears: list[torch.nn.Module], s: torch.Tensor) -> None:
     norm.weight.div_(s.to(norm.weight.dtype))
     for lin in linears:
         lin.weight.mul_(s.to(lin.weight.dtype))
 
 
-def _v_to_o(v: torch.nn.Module, o: torch.nn.Module, act: torch.Tensor, alpha: float, kv_heads: int, rep: int,
-            head_dim: int) -> None:
-    """o's input channel (h, d) is v's output channel (h // rep, d): one scale per v channel, taken over its rep
-    query heads (the largest activation and weight of the group)."""
+def _v_to_o_scales(o_weight: torch.Tensor, act: torch.Tensor, kv_heads: int, rep: int, head_dim: int,
+                   alpha: float) -> torch.Tensor:
+    """One scale per v output channel: o's input channel (h, d) is v's channel (h // rep, d), so the scale is taken
+    over its rep query heads (their largest activation and weight)."""
     a = act.float().reshape(kv_heads, rep, head_dim).amax(dim=1).reshape(-1)
-    w = o.weight.abs().float().reshape(o.weight.shape[0], kv_heads, rep, head_dim).amax(dim=(0, 2)).reshape(1, -1)
-    s = smooth_scales(a, [w], alpha)
-    _rows_divided(v, s)
-    o.weight.mul_(s.reshape(kv_heads, 1, head_dim).expand(kv_heads, rep, head_dim).reshape(-1).to(o.weight.dtype))
+    w = o_weight.abs().float().reshape(o_weight.shape[0], kv_heads, rep, head_dim).amax(dim=(0, 2)).reshape(1, -1)
+    return smooth_scales(a, [w], alpha)
+
+
+def _repeat_heads(s: torch.Tensor, kv_heads: int, rep: int) -> torch.Tensor:
+    """[Hkv * D] per v channel -> [Hq * D] per o input channel."""
+    return s.reshape(kv_heads, 1, -1).expand(kv_heads, rep, s.numel() // kv_heads).reshape(-1)
 
 
 def _rows_divided(linear: torch.nn.Module, s: torch.Tensor) -> None:

@@ -22,7 +22,8 @@ class SmoothQuantConfig:
     model: str
     work_dir: str
     scheme: str = "int8"
-    alpha: float = 0.5
+    alpha: float | None = 0.5  # None: searched per smoothing group (--smooth-alpha auto)
+    search_samples: int | None = None  # calibration windows the α search measures errors on (auto only; 8)
     smooth: bool | None = None  # None: on for int8, off for fp8
     calib_dir: str | None = None
     calib_dataset: str = "c4"
@@ -36,8 +37,11 @@ class SmoothQuantConfig:
     def __post_init__(self) -> None:
         if self.scheme not in SCHEMES:
             raise LmdError(f"scheme {self.scheme!r} is unknown; use int8 or fp8 (--fp8)")
-        if not 0.0 <= self.alpha <= 1.0:
-            raise LmdError(f"--smooth-alpha {self.alpha} must be within [0, 1] (SmoothQuant uses 0.5)")
+        if self.alpha is not None and not 0.0 <= self.alpha <= 1.0:
+            raise LmdError(f"--smooth-alpha {self.alpha} must be within [0, 1] (SmoothQuant uses 0.5) or auto")
+        if self.search_samples is not None and (self.alpha is not None or self.search_samples < 1):
+            raise LmdError(f"--search-samples {self.search_samples}: give at least 1, and only with "
+                           "--smooth-alpha auto (the search is what reads it)")
         if self.dtype not in ("float16", "bfloat16", "float32"):
             raise LmdError(f"--dtype {self.dtype} is unknown; use float16, bfloat16 or float32")
         if self.calib_dir is not None and not self.smoothing:
@@ -54,8 +58,9 @@ class SmoothQuantResult:
     model: str
     scheme: str
     smoothed: bool
-    alpha: float
+    alpha: float | str  # "auto": searched, see alphas
     smoothed_groups: int
+    alphas: list[float]
     calib_dir: str | None
     size_bytes: int
     seconds: float
@@ -71,7 +76,7 @@ def smooth_quant(cfg: SmoothQuantConfig, on_layer: Callable[[int, int], None] | 
     from lmd.lite.calibrate import CalibrateConfig, calibrate
     from lmd.lite.output_dir import atomic_output_dir, check_output_dir
     from lmd.lite.smooth_quant import smooth_model
-    from lmd.lite.smooth_quant_export import write_checkpoint
+    from lmd.lite.smooth_quant_export import QDTYPES, write_checkpoint
     from lmd.model_source import load_causal_lm, load_tokenizer, resolve_model
 
     check_output_dir(cfg.work_dir, cfg.force)
@@ -89,14 +94,27 @@ def smooth_quant(cfg: SmoothQuantConfig, on_layer: Callable[[int, int], None] | 
             calib_dir = str(Path(cfg.work_dir).expanduser().resolve() / "calibration")
         model = load_causal_lm(source, dtype="float32", device="cpu")
         arch = get_arch(model.config)
-        groups = smooth_model(model, arch, absmax, cfg.alpha) if absmax is not None else 0
+        inputs = _search_inputs(cfg, model, arch, source) if absmax is not None and cfg.alpha is None else None
+        alphas = [] if absmax is None else smooth_model(model, arch, absmax, cfg.alpha, inputs,
+                                                        QDTYPES[cfg.scheme])
+        alpha = "auto" if cfg.alpha is None else cfg.alpha
         provenance = {"model": source.display_name, "scheme": cfg.scheme, "smoothed": absmax is not None,
-                      "alpha": cfg.alpha, "calib_dir": calib_dir}
+                      "alpha": alpha, "alphas": alphas, "calib_dir": calib_dir}
         size = write_checkpoint(tmp, model, load_tokenizer(source), arch, cfg.scheme, getattr(torch, cfg.dtype),
                                 provenance)
     return SmoothQuantResult(str(Path(cfg.work_dir).expanduser().resolve()), source.display_name, cfg.scheme,
-                             absmax is not None, cfg.alpha, groups, calib_dir, size,
+                             absmax is not None, alpha, len(alphas), alphas, calib_dir, size,
                              round(time.perf_counter() - start, 2))
+
+
+def _search_inputs(cfg: SmoothQuantConfig, model, arch, source) -> dict:
+    from lmd.calib_data import get_calib_samples
+    from lmd.lite.smooth_quant_search import SEARCHED_INPUTS, capture_inputs
+    from lmd.model_source import load_tokenizer
+
+    calib = get_calib_samples(cfg.calib_dataset, load_tokenizer(source), nsamples=cfg.search_samples or 8,
+                              seqlen=cfg.calib_seqlen, data_dir=cfg.data_dir)
+    return capture_inputs(model, arch, calib.input_ids, tuple(getattr(arch, m) for m in SEARCHED_INPUTS))
 
 
 def _load_input_absmax(calib_dir: Path) -> dict:

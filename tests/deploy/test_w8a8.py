@@ -95,7 +95,7 @@ def test_smoothing_keeps_the_float_model_and_helps_int8(tiny_models):
     with torch.no_grad():
         ref = base(ids).logits
     smoothed = _with_outlier_channels(_tiny_model(tiny_models))
-    assert smooth_model(smoothed, ARCH, _absmax_stats(smoothed, ids), 0.5) == 8
+    assert smooth_model(smoothed, ARCH, _absmax_stats(smoothed, ids), 0.5) == [0.5] * 8
     with torch.no_grad():
         torch.testing.assert_close(smoothed(ids).logits, ref, rtol=1e-4, atol=1e-4)  # the same float function
     err_plain = (_fake_w8a8_logits(base, ids, torch.int8) - ref).abs().mean()
@@ -179,3 +179,33 @@ def test_errors(tiny_models, tmp_path):
     (tmp_path / "fp8" / "config.json").write_text(json.dumps(config))
     with pytest.raises(LmdError, match="dynamic per-token float activations"):
         run_deploy("base", str(tmp_path / "fp8"), str(tmp_path / "ws"), progress=False)
+
+
+def test_alpha_search_prefers_migration_on_an_outlier_channel():
+    from lmd.lite.smooth_quant import smooth_scales
+    from lmd.lite.smooth_quant_search import GRID, best_alpha, group_error
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 64, generator=g)
+    x[:, 5] *= 60  # an activation outlier channel
+    weight = torch.randn(32, 64, generator=g) * 0.05
+    absmax = x.abs().amax(0)
+    errors = {a: group_error(x, weight, smooth_scales(absmax, [weight], a), torch.int8) for a in GRID}
+    chosen = best_alpha(x, weight, lambda a: smooth_scales(absmax, [weight], a), torch.int8)
+    assert errors[chosen] == min(errors.values())
+    assert chosen >= 0.4 and errors[chosen] < 0.5 * errors[GRID[0]]
+
+
+def test_auto_alpha_end_to_end(tiny_models, calib_dir, tmp_path):
+    from lmd.lite.smooth_quant_search import GRID
+
+    run = subprocess.run([sys.executable, "-m", "lmd", "smooth-quant", str(tiny_models("llama")), "--work-dir",
+                          str(tmp_path / "auto"), "--calib-dir", str(calib_dir), "--smooth-alpha", "auto",
+                          "--search-samples", "2", "--calib-dataset", "pydoc", "--calib-seqlen", "64", "--json"],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout)
+    assert result["alpha"] == "auto" and len(result["alphas"]) == 8 and set(result["alphas"]) <= set(GRID)
+    assert json.loads((tmp_path / "auto" / "smooth_quant.json").read_text())["alphas"] == result["alphas"]
+    with pytest.raises(LmdError, match="--search-samples 2: .*only with --smooth-alpha auto"):
+        SmoothQuantConfig(model="m", work_dir=str(tmp_path / "x"), search_samples=2)
