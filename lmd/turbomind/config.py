@@ -93,6 +93,7 @@ class EngineConfig:
     async_output: bool | None = None  # not in config.ini: stream a step's text while the next step runs; None: on
     # when the engine thread steps (a caller driving step() itself sees each step's deltas when it returns)
     enable_prefix_caching: bool = True  # not in config.ini: reuse the KV of full blocks shared by earlier prompts
+    offload_weights_gb: float = 0.0  # not in config.ini: GiB of decoder-layer weights kept in host memory
 
     def __post_init__(self) -> None:
         positive = ("session_len", "max_batch_size", "max_context_token_num", "step_length", "cache_block_seq_len")
@@ -107,12 +108,16 @@ class EngineConfig:
                            "use 0 (KV in the compute dtype) or 4 (KV int8)")
         if self.tp < 1:
             raise LmdError(f"tp={self.tp} must be >= 1 (1: one process; N: N tensor-parallel processes)")
+        if self.offload_weights_gb < 0:
+            raise LmdError(f"offload_weights_gb={self.offload_weights_gb} must be >= 0 (GiB of layer weights kept in "
+                           "host memory; 0: none)")
         if self.dtype not in ("auto", "fp32", "fp16", "bf16"):
             raise LmdError(f"dtype={self.dtype!r} is unknown; use auto, fp32, fp16 or bf16")
 
 
 _ENGINE_INI_KEYS = {f.name for f in fields(EngineConfig)} - {"device", "dtype", "tp", "tp_rank", "cuda_graph",
-                                                             "async_output", "enable_prefix_caching"}
+                                                             "async_output", "enable_prefix_caching",
+                                                             "offload_weights_gb"}
 
 
 def read_config_ini(path: Path, overrides: dict[str, Any] | None = None) -> tuple[ModelConfig, EngineConfig]:

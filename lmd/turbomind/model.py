@@ -13,6 +13,7 @@ from lmd.turbomind.kv_cache import KVCache
 from lmd.turbomind.layers import GatedMLP, add_rms_norm
 from lmd.turbomind.linear import make_linear
 from lmd.turbomind.rope import RotaryEmbedding
+from lmd.turbomind.weight_offload import LayerOffload, OffloadPlan
 
 Reduce = Callable[[torch.Tensor], torch.Tensor]
 
@@ -47,13 +48,17 @@ class DecoderLayer:
 
 class LlamaModel:
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
-                 device: torch.device, fused_attention: bool = True, reduce: Reduce = _no_reduce) -> None:
+                 device: torch.device, fused_attention: bool = True, reduce: Reduce = _no_reduce,
+                 offload: OffloadPlan | None = None) -> None:
+        """`offload`: the layers whose linear weights stay in host memory (weight_offload; their tensors in
+        `weights` are host tensors, every other one is on `device`)."""
         self.cfg, self.dtype = cfg, dtype
         self.embed = weights["tok_embeddings.weight"].to(dtype)
         self.norm = weights["norm.weight"].to(dtype)
         self.lm_head = self.embed if cfg.tie_word_embeddings else weights["output.weight"].to(dtype)
         self.layers = [DecoderLayer(cfg, weights, i, dtype, fused_attention, reduce) for i in range(cfg.num_layer)]
         self.rope = RotaryEmbedding(cfg, device)
+        self.offload = LayerOffload(self.layers, offload, device) if offload is not None and offload.layers else None
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
@@ -66,8 +71,16 @@ class LlamaModel:
         h = self.embed[batch.input_ids]
         cos, sin = self.rope.cos_sin(batch.positions, batch.token_seq_lens, self.dtype)
         delta = None
-        for layer in self.layers:
-            h, delta = layer(h, delta, cos, sin, batch, cache)
+        offload = self.offload
+        if offload is None:
+            for layer in self.layers:
+                h, delta = layer(h, delta, cos, sin, batch, cache)
+        else:
+            offload.start()
+            for i, layer in enumerate(self.layers):
+                offload.before(i)
+                h, delta = layer(h, delta, cos, sin, batch, cache)
+                offload.after(i)
         return add_rms_norm(h, delta, self.norm, self.cfg.norm_eps)[1]
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:

@@ -27,6 +27,7 @@ from lmd.turbomind.tp_group import (
     leave_tp_group,
 )
 from lmd.turbomind.tp_workers import TPWorkers
+from lmd.turbomind.weight_offload import linear_weight_names, plan_offload
 from lmd.turbomind.workspace import Workspace
 
 _ROW_SPLIT_BIASES = ("attention.wo.bias", "feed_forward.w2.bias")
@@ -84,10 +85,21 @@ class ModelRunner:
             raise
 
     def _build(self, ws: Workspace, model_cfg: ModelConfig, engine_cfg: EngineConfig, reduce: Reduce | None) -> None:
-        weights = ws.load_weights(str(self.device))  # this rank's part, whatever TP the workspace was deployed with
+        offload = engine_cfg.offload_weights_gb > 0
+        # this rank's part, whatever TP the workspace was deployed with; offload: on the host first, then every tensor
+        # but the offloaded layers' linears to the device
+        weights = ws.load_weights("cpu" if offload else str(self.device))
         if engine_cfg.tp_rank > 0:  # a row-split linear's bias is added once, by rank 0
             weights = {k: v for k, v in weights.items() if not k.endswith(_ROW_SPLIT_BIASES)}
-        options = {} if reduce is None else {"reduce": reduce}
+        options: dict = {} if reduce is None else {"reduce": reduce}
+        self.offload_plan = None
+        if offload:
+            layer_bytes = sum(v.numel() * v.element_size() for k, v in weights.items()
+                              if k.startswith(linear_weight_names(0)))
+            self.offload_plan = plan_offload(engine_cfg.offload_weights_gb, model_cfg.num_layer, layer_bytes)
+            hosted = tuple(name for i in self.offload_plan.layers for name in linear_weight_names(i))
+            weights = {k: v if k.startswith(hosted) else v.to(self.device) for k, v in weights.items()}
+            options["offload"] = self.offload_plan
         self.model = LlamaModel(model_cfg, weights, self.dtype, self.device, engine_cfg.use_context_fmha, **options)
         del weights
         self.block_size = engine_cfg.cache_block_seq_len
