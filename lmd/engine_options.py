@@ -92,6 +92,15 @@ NoPrefixCachingOpt = Annotated[
     ),
 ]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto (cuda when available), cuda or cpu.")]
+OffloadWeightsOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--offload-weights",
+        metavar="GB",
+        help="Keep this many GiB of decoder-layer weights in host memory, copied to the GPU ahead of each layer's "
+        "use (a model larger than the GPU runs, slower; the KV cache gets the memory saved). Default: none.",
+    ),
+]
 TpOpt = Annotated[
     int | None,
     typer.Option(
@@ -164,6 +173,7 @@ _ENGINE_FLAGS = (
     "device",
     "dtype",
     "tp",
+    "offload_weights_gb",
 )
 
 

@@ -21,6 +21,7 @@ from lmd.engine_options import (
     ModelArg,
     NoPrefixCachingOpt,
     NumSpeculativeTokensOpt,
+    OffloadWeightsOpt,
     PortOpt,
     QuantPolicyOpt,
     SessionLenOpt,
@@ -73,6 +74,7 @@ def serve_command(
     dtype: DtypeOpt = "auto",
     tp: TpOpt = None,
     enforce_eager: EnforceEagerOpt = False,
+    offload_weights_gb: OffloadWeightsOpt = None,
     speculative_method: SpeculativeMethodOpt = None,
     speculative_model: SpeculativeModelOpt = None,
     num_speculative_tokens: NumSpeculativeTokensOpt = None,
@@ -134,6 +136,7 @@ def serve_command(
         dtype=dtype,
         tp=tp,
         enable_prefix_caching=not no_enable_prefix_caching,
+        offload_weights_gb=offload_weights_gb,
     )
     keys = [k for k in (api_keys or []) if k]
     overrides = {k: v for k, v in overrides.items() if v is not None} | eager_overrides(enforce_eager)

@@ -69,3 +69,13 @@ def test_plans_spread_layers_and_bad_values_are_refused(tiny_llama_ws):
     assert plan_offload(1e9, 32, 100).layers == tuple(range(32))
     with pytest.raises(LmdError, match="offload_weights_gb=-1"):
         Engine(tiny_llama_ws[1], start=False, offload_weights_gb=-1)
+
+
+def test_the_flag_reaches_the_engine_options():
+    from lmd.bench.engine_setup import EngineOverrides
+    from lmd.engine_options import split_flags
+
+    flags = dict(temperature=0.0, top_p=1.0, top_k=0, repetition_penalty=1.0, max_new_tokens=8, seed=None,
+                 offload_weights_gb=2.5)
+    assert split_flags(flags)[1]["offload_weights_gb"] == 2.5
+    assert EngineOverrides(offload_weights_gb=2.5).as_kwargs()["offload_weights_gb"] == 2.5
