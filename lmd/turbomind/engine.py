@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -35,6 +35,9 @@ from lmd.turbomind.scheduler import Scheduler, SchedulerOutput
 from lmd.turbomind.sequence import Sequence
 from lmd.turbomind.speculative.config import SpeculativeConfig
 from lmd.turbomind.speculative.request import SpeculativeRequest
+
+if TYPE_CHECKING:
+    from lmd.turbomind.speculative.draft import DraftProposer
 from lmd.turbomind.workspace import Workspace, open_workspace
 
 
@@ -81,13 +84,19 @@ class Engine:
         ws = workspace if isinstance(workspace, Workspace) else open_workspace(workspace, **overrides)
         if speculative is not None and ws.engine.tp > 1:
             raise LmdError(f"speculative decoding runs with tp=1 only; got tp={ws.engine.tp}")
-        if speculative is not None and speculative.method == "draft":
-            raise LmdError("--speculative-method draft is not available yet; use ngram")
+        if speculative is not None and speculative.tree is not None:
+            raise LmdError("--speculative-tree: token trees are not available yet; draft a chain (leave it out)")
         self.workspace = ws
         self.speculative = speculative
         self.tokenizer = ws.load_tokenizer()
         self.chat_template = ws.chat_template()
         self.runner = ModelRunner(ws)
+        self.drafter: DraftProposer | None = None
+        if speculative is not None and speculative.method == "draft":
+            from lmd.turbomind.speculative.draft import DraftProposer
+
+            self.drafter = DraftProposer(speculative.model, ws, self.tokenizer,  # type: ignore[arg-type]
+                                         self.runner.num_blocks)
         cfg = ws.engine
         self.block_manager = BlockManager(self.runner.num_blocks, cfg.cache_block_seq_len, cfg.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, cfg.max_batch_size, cfg.max_context_token_num, cfg.step_length)
@@ -143,6 +152,9 @@ class Engine:
         if self.speculative is not None and (samples > 1 or config.guided is not None):
             raise LmdError("speculative decoding serves one sample per prompt without a structured output; "
                            "drop n / best_of / guided, or start the engine without speculative")
+        if self.drafter is not None and not config.is_greedy:
+            raise LmdError("a draft model proposes for greedy requests only (temperature 0); use "
+                           "--speculative-method ngram to sample")
         matcher = None if config.guided is None else self.grammar_compiler.matcher(config.guided,
                                                                                    config.stop_token_ids)
         limit = min(len(token_ids) + config.max_new_tokens, self.max_len)
@@ -200,6 +212,8 @@ class Engine:
         self._drain_inbox()  # requests queued but never admitted end with "abort" too
         self._end_all("abort")
         self.runner.close()  # tensor parallelism: the worker processes exit
+        if self.drafter is not None:
+            self.drafter.close()
 
     def __enter__(self) -> Engine:
         return self
@@ -345,16 +359,23 @@ class Engine:
         """Proposals for the decoding speculating sequences, from their known tokens only (their steps are not
         overlapped, so none has a token in flight); at most what their max_tokens leave after the verification's own
         token, so no verification overshoots."""
-        proposed = []
+        wanted = []
         for seq in self.scheduler.running:
             state = self._states.get(seq.seq_id)
             if state is None or state.speculative is None or seq.num_inflight or seq.num_uncomputed != 1:
                 continue
             room = min(seq.max_num_tokens, self.max_len) - len(seq.token_ids) - 1
-            seq.draft_token_ids = state.speculative.propose(seq.token_ids, room)
-            if seq.draft_token_ids:
-                proposed.append(seq)
-        return proposed
+            k = state.speculative.budget(room)
+            if k:
+                wanted.append((seq, k))
+        if self.drafter is not None:
+            drafts = self.drafter.propose(wanted)
+            for seq, _ in wanted:
+                seq.draft_token_ids = drafts.get(seq.seq_id, [])
+        else:
+            for seq, k in wanted:
+                seq.draft_token_ids = self._states[seq.seq_id].speculative.index.propose(seq.token_ids, k)  # type: ignore[union-attr]
+        return [seq for seq, _ in wanted if seq.draft_token_ids]
 
     def _accept_verified(self, state: RequestState, rows: list[tuple[Any, int, Any, Any]],
                          drafts: tuple[int, ...]) -> None:
@@ -458,6 +479,8 @@ class Engine:
         with self._cv:  # generate() checks request ids under the same lock
             self._seq_of.pop(state.request_id, None)
         self.scheduler.finish(state.seq)
+        if self.drafter is not None:
+            self.drafter.release(seq_id)
         if reason is not None:
             self._put(state, state.final_delta(reason, state.stop_strings.flush()))
 

@@ -43,6 +43,8 @@ def _run(ws, configs, speculative=None, abort_at=None, prompts=None, one_at_a_ti
         results += [[(d.text, d.token_ids, d.finish_reason, d.logprobs) for d in streams[i]] for i in group]
     stats = engine.stats()
     assert stats.blocks_free == stats.blocks_total and stats.running == 0
+    if engine.drafter is not None:  # the draft's own pool is full again too
+        assert engine.drafter.block_manager.num_free == engine.drafter.block_manager.num_blocks
     return results, stats
 
 
@@ -154,7 +156,11 @@ def test_refused_combinations(tiny_llama_ws):
     with pytest.raises(LmdError, match="one sample per prompt"):
         engine.generate_samples([1, 2, 3], GenerationConfig(n=2, temperature=1.0))
     with pytest.raises(LmdError, match="not available yet"):
-        Engine(tiny_llama_ws[1], start=False, speculative=SpeculativeConfig("draft", model="x"))
+        Engine(tiny_llama_ws[1], start=False, speculative=SpeculativeConfig("draft", model="x", tree=(2, 2)))
+    drafting = Engine(tiny_llama_ws[1], start=False, cache_max_entry_count=16,
+                      speculative=SpeculativeConfig("draft", model=str(tiny_llama_ws[1])))
+    with pytest.raises(LmdError, match="greedy requests only"):
+        drafting.generate([1, 2, 3], GenerationConfig(temperature=0.7))
 
 
 def _chi_square_p(a: dict, b: dict) -> tuple[float, int]:
@@ -245,3 +251,50 @@ def test_flags_and_counters_reach_options_metrics_and_reports():
     summary = speculative_summary(dict(spec_verifications=4, spec_proposed_tokens=12, spec_accepted_tokens=6))
     assert summary == "6 / 12 (50%), mean accepted length 2.50"
     assert speculative_summary(dict(spec_verifications=0)) is None
+
+
+def weak_draft(ws, layers: int, dst):
+    """A workspace of the model's first `layers` decoder layers and its head (the same weight files, read partly)."""
+    import shutil
+
+    from lmd.workspace_format.config_ini import read_workspace_config, write_workspace_config
+
+    src = ws / "triton_models"
+    shutil.copytree(src / "tokenizer", dst / "triton_models" / "tokenizer")
+    (dst / "triton_models" / "weights").mkdir(parents=True)
+    for f in (src / "weights").iterdir():
+        if f.name != "config.ini":
+            (dst / "triton_models" / "weights" / f.name).symlink_to(f)
+    import dataclasses
+
+    write_workspace_config(dst, dataclasses.replace(read_workspace_config(ws), num_layer=layers))
+    return dst
+
+
+@pytest.mark.parametrize("layers", [2, 1])
+def test_draft_model_greedy_streams_equal_plain_decoding(tiny_llama_ws, tmp_path, layers):
+    """The draft is the model itself (every proposal accepted) or its first layer and head (some rejected)."""
+    ws = tiny_llama_ws[1]
+    draft = SpeculativeConfig("draft", 3, model=str(weak_draft(ws, layers, tmp_path / "draft")))
+    configs = _greedy_configs()
+    for one in (True, False):
+        plain, _ = _run(ws, configs, one_at_a_time=one)
+        ours, stats = _run(ws, configs, draft, one_at_a_time=one)
+        assert [_tokens(d) for d in ours] == [_tokens(d) for d in plain]
+        assert [_text(d) for d in ours] == [_text(d) for d in plain]
+        assert stats.speculative_method == "draft" and stats.spec_accepted_tokens > 0
+        if layers == 2:
+            assert stats.spec_accepted_tokens >= 0.9 * stats.spec_proposed_tokens  # a penalised request differs
+        else:
+            assert stats.spec_accepted_tokens < stats.spec_proposed_tokens
+
+
+def test_draft_model_with_preemption_and_abort(tiny_llama_ws, tmp_path):
+    ws = tiny_llama_ws[1]
+    draft = SpeculativeConfig("draft", 3, model=str(weak_draft(ws, 1, tmp_path / "draft")))
+    configs = [GenerationConfig(max_new_tokens=18, temperature=0, ignore_eos=True) for _ in range(6)]
+    small = dict(cache_max_entry_count=40)
+    plain, _ = _run(ws, configs, **small)
+    ours, stats = _run(ws, configs, draft, abort_at=4, **small)
+    assert stats.preemptions > 0 and ours[2][-1][2] == "abort"
+    assert all(_tokens(d) == _tokens(plain[i]) for i, d in enumerate(ours) if i != 2)

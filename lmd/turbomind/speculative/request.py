@@ -27,13 +27,18 @@ class SpeculativeRequest:
         self._skip = 0  # plain steps left before the next proposal
         self._backoff = 1
 
-    def propose(self, token_ids: list[int], room: int) -> list[int]:
-        """Draft tokens to verify after `token_ids`; at most `room` (tokens the request may still make, minus the
-        one the verification makes anyway)."""
+    def budget(self, room: int) -> int:
+        """How many tokens to propose this step (0: decode plainly); at most `room` (tokens the request may still
+        make, minus the one the verification makes anyway)."""
         if self._skip:
             self._skip -= 1
-            return []
-        return self.index.propose(token_ids, min(self.k, room))
+            return 0
+        return max(0, min(self.k, room))
+
+    def propose(self, token_ids: list[int], room: int) -> list[int]:
+        """N-gram proposals after `token_ids`, `budget(room)` at most."""
+        k = self.budget(room)
+        return self.index.propose(token_ids, k) if k else []
 
     def record(self, proposed: int, accepted: int) -> None:
         if not proposed:
