@@ -1,7 +1,7 @@
 """Speculative decoding on CPU: SmolLM2-135M-Instruct fp32, batch 1, greedy; plain decoding vs n-gram prompt lookup.
 
     python3 benchmarks/speculative_cpu.py [--workspace DIR] [--max-new-tokens 128] [--num-wiki 4] [--num-mt 8]
-        [--num-speculative-tokens 2,4]
+        [--num-speculative-tokens 2,4] [--draft-layers 8 --draft-tokens 3]
 
 Prompt sets: `wiki-rewrite` and `wiki-summary` (a WikiText-2 test paragraph to rewrite / summarise), `code-edit` (a
 Python block to return with one change), `mt-bench` (MT-bench first turns: little to copy). Each prompt runs on
@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lmd.turbomind.engine import Engine  # noqa: E402
 from lmd.turbomind.gen_config import GenerationConfig  # noqa: E402
 from lmd.turbomind.speculative.config import SpeculativeConfig  # noqa: E402
+from lmd.turbomind.speculative.layer_draft import first_layers_workspace  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 
@@ -156,6 +157,9 @@ def main() -> None:
     parser.add_argument("--num-speculative-tokens", default="2,4", help="comma list: one n-gram engine per K")
     parser.add_argument("--prompt-lookup-min", type=int, default=2)
     parser.add_argument("--sets", default="wiki-rewrite,wiki-summary,code-edit,mt-bench")
+    parser.add_argument("--draft-layers", type=int, default=0,
+                        help="also a draft-model engine: the model's first N layers and its head (0: none)")
+    parser.add_argument("--draft-tokens", type=int, default=3, help="K of the draft-model engine")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -165,6 +169,12 @@ def main() -> None:
     for k in (int(x) for x in args.num_speculative_tokens.split(",")):
         spec = SpeculativeConfig("ngram", k, prompt_lookup_min=args.prompt_lookup_min)
         engines[f"ngram-k{k}"] = Engine(ws, speculative=spec, **options)
+    if args.draft_layers:
+        draft = Path(f"{args.workspace}-first{args.draft_layers}")
+        if not draft.is_dir():
+            first_layers_workspace(ws, args.draft_layers, draft)
+        spec = SpeculativeConfig("draft", args.draft_tokens, model=str(draft))
+        engines[f"draft-l{args.draft_layers}-k{args.draft_tokens}"] = Engine(ws, speculative=spec, **options)
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=0)
     sets = prompt_sets(args.num_wiki, args.num_mt)
     results = {}

@@ -11,6 +11,7 @@ from lmd.errors import LmdError
 from lmd.turbomind.engine import Engine
 from lmd.turbomind.gen_config import GenerationConfig
 from lmd.turbomind.speculative.config import SpeculativeConfig, parse_tree
+from lmd.turbomind.speculative.layer_draft import first_layers_workspace
 from lmd.turbomind.speculative.ngram import NgramIndex
 from lmd.turbomind.speculative.request import SpeculativeRequest
 
@@ -253,29 +254,11 @@ def test_flags_and_counters_reach_options_metrics_and_reports():
     assert speculative_summary(dict(spec_verifications=0)) is None
 
 
-def weak_draft(ws, layers: int, dst):
-    """A workspace of the model's first `layers` decoder layers and its head (the same weight files, read partly)."""
-    import shutil
-
-    from lmd.workspace_format.config_ini import read_workspace_config, write_workspace_config
-
-    src = ws / "triton_models"
-    shutil.copytree(src / "tokenizer", dst / "triton_models" / "tokenizer")
-    (dst / "triton_models" / "weights").mkdir(parents=True)
-    for f in (src / "weights").iterdir():
-        if f.name != "config.ini":
-            (dst / "triton_models" / "weights" / f.name).symlink_to(f)
-    import dataclasses
-
-    write_workspace_config(dst, dataclasses.replace(read_workspace_config(ws), num_layer=layers))
-    return dst
-
-
 @pytest.mark.parametrize("layers", [2, 1])
 def test_draft_model_greedy_streams_equal_plain_decoding(tiny_llama_ws, tmp_path, layers):
     """The draft is the model itself (every proposal accepted) or its first layer and head (some rejected)."""
     ws = tiny_llama_ws[1]
-    draft = SpeculativeConfig("draft", 3, model=str(weak_draft(ws, layers, tmp_path / "draft")))
+    draft = SpeculativeConfig("draft", 3, model=str(first_layers_workspace(ws, layers, tmp_path / "draft")))
     configs = _greedy_configs()
     for one in (True, False):
         plain, _ = _run(ws, configs, one_at_a_time=one)
@@ -291,7 +274,7 @@ def test_draft_model_greedy_streams_equal_plain_decoding(tiny_llama_ws, tmp_path
 
 def test_draft_model_with_preemption_and_abort(tiny_llama_ws, tmp_path):
     ws = tiny_llama_ws[1]
-    draft = SpeculativeConfig("draft", 3, model=str(weak_draft(ws, 1, tmp_path / "draft")))
+    draft = SpeculativeConfig("draft", 3, model=str(first_layers_workspace(ws, 1, tmp_path / "draft")))
     configs = [GenerationConfig(max_new_tokens=18, temperature=0, ignore_eos=True) for _ in range(6)]
     small = dict(cache_max_entry_count=40)
     plain, _ = _run(ws, configs, **small)
