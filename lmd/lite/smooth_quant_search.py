@@ -55,9 +55,10 @@ def capture_inputs(model: PreTrainedModel, arch: ArchSpec, input_ids: torch.Tens
     return out
 
 
-def group_error(x: torch.Tensor, weight: torch.Tensor, s: torch.Tensor, qdtype: torch.dtype) -> float:
-    """||Q(x / s) Q(W s)ᵀ − x Wᵀ||² for x [T, K], W [N, K], s [K]."""
-    ref = x @ weight.float().t()
+def group_error(x: torch.Tensor, weight: torch.Tensor, s: torch.Tensor, qdtype: torch.dtype,
+                reference: torch.Tensor | None = None) -> float:
+    """||Q(x / s) Q(W s)ᵀ − x Wᵀ||² for x [T, K], W [N, K], s [K] (`reference`: x Wᵀ, when already computed)."""
+    ref = x @ weight.float().t() if reference is None else reference
     q, qs = quantize_per_token_reference(x / s, qdtype)
     wq, ws = quantize_weight_per_channel(weight.float() * s, qdtype)
     approx = (q.float() * qs[:, None]) @ (wq.float() * ws[:, None]).t()
@@ -67,4 +68,5 @@ def group_error(x: torch.Tensor, weight: torch.Tensor, s: torch.Tensor, qdtype: 
 def best_alpha(x: torch.Tensor, weight: torch.Tensor, scales_for: Callable[[float], torch.Tensor],
                qdtype: torch.dtype, grid: tuple[float, ...] = GRID) -> float:
     """The α of `grid` whose smoothing scales (`scales_for(α)`, [K]) give the least group_error."""
-    return min(grid, key=lambda a: group_error(x, weight, scales_for(a), qdtype))
+    reference = x @ weight.float().t()
+    return min(grid, key=lambda a: group_error(x, weight, scales_for(a), qdtype, reference))
