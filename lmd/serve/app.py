@@ -21,7 +21,7 @@ from lmd.errors import LmdError
 from lmd.serve.errors import ApiError, bad_request, install_error_handlers
 from lmd.serve.generation import collect, engine_request_ids, merged, submit, summed_usage
 from lmd.serve.messages import chat_messages
-from lmd.serve.metrics import CHAT, COMPLETIONS, CONTENT_TYPE, RequestCounts, render_metrics
+from lmd.serve.metrics import CHAT, COMPLETIONS, CONTENT_TYPE, LatencyHistograms, RequestCounts, render_metrics
 from lmd.serve.protocol import (
     ChatCompletionRequest,
     ChatMessage,
@@ -51,6 +51,7 @@ class _Server:
         self.tracer = tracer
         self.api_keys = tuple(api_keys)
         self.counts = RequestCounts()
+        self.latency = LatencyHistograms()
         self.created = int(time.time())
         self.in_flight: set[object] = set()  # engine request ids of responses still being produced
 
@@ -206,6 +207,9 @@ class _Server:
                 self.engine.abort(request_id)  # a no-op when the request already finished
 
         def trace(finals: Sequence[EngineResponse | Delta]) -> None:
+            """Latency histograms and (when tracing) the request's span, from its generations' last deltas."""
+            for final in finals:
+                self.latency.observe(arrival, final.times, final.usage)
             if self.tracer is not None:
                 usage = summed_usage([f.usage for f in finals], samples)
                 self.tracer.record(request.headers, TracedRequest(
@@ -301,7 +305,8 @@ def create_app(engine: Engine, model_name: str, api_keys: Sequence[str] = (),
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
-        return PlainTextResponse(render_metrics(engine.stats(), server.counts), media_type=CONTENT_TYPE)
+        return PlainTextResponse(render_metrics(engine.stats(), server.counts, server.latency),
+                                 media_type=CONTENT_TYPE)
 
     @app.get("/v1/models", dependencies=authorized)
     async def list_models() -> dict[str, Any]:

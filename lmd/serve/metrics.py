@@ -6,10 +6,14 @@ time, so the whole registry machinery would only re-state what these few lines p
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from lmd.turbomind.engine import EngineStats
+from lmd.turbomind.request_stream import Usage
+from lmd.turbomind.request_times import RequestTimes
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
@@ -52,7 +56,67 @@ class RequestCounts:
         self.rejected[(endpoint, status)] += 1
 
 
-def render_metrics(stats: EngineStats, counts: RequestCounts) -> str:
+class Histogram:
+    """A Prometheus histogram: cumulative bucket counts, sum and count (rendered as _bucket, _sum, _count)."""
+
+    def __init__(self, name: str, help_text: str, buckets: Sequence[float]) -> None:
+        self.name, self.help_text, self.buckets = name, help_text, tuple(buckets)
+        self.counts = [0] * (len(self.buckets) + 1)  # the last: above every bucket (+Inf only)
+        self.sum, self.count = 0.0, 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.sum += value
+        self.count += 1
+
+    def render(self, lines: list[str]) -> None:
+        _header(lines, self.name, "histogram", self.help_text)
+        cumulative = 0
+        for bound, count in zip(self.buckets, self.counts, strict=False):
+            cumulative += count
+            lines.append(f'{self.name}_bucket{{le="{bound:g}"}} {cumulative}')
+        lines.append(f'{self.name}_bucket{{le="+Inf"}} {self.count}')
+        lines.append(f"{self.name}_sum {self.sum:.6g}")
+        lines.append(f"{self.name}_count {self.count}")
+
+
+_SECONDS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
+            960.0, 1920.0, 7680.0)  # vLLM's request-latency buckets
+_TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+         160.0, 640.0, 2560.0)
+_TPOT = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+
+
+@dataclass
+class LatencyHistograms:
+    """Per generation (a prompt's sample), from the engine's RequestTimes and the request's arrival at the server."""
+
+    queue: Histogram = field(default_factory=lambda: Histogram(
+        "lmd_request_queue_time_seconds", "Time from queued in the engine to its first step.", _SECONDS))
+    ttft: Histogram = field(default_factory=lambda: Histogram(
+        "lmd_time_to_first_token_seconds", "Time from the request's arrival to its first token.", _TTFT))
+    tpot: Histogram = field(default_factory=lambda: Histogram(
+        "lmd_time_per_output_token_seconds", "Mean time between output tokens after the first.", _TPOT))
+    e2e: Histogram = field(default_factory=lambda: Histogram(
+        "lmd_e2e_request_latency_seconds", "Time from the request's arrival to its last token.", _SECONDS))
+
+    def observe(self, arrival: float, times: RequestTimes | None, usage: Usage | None) -> None:
+        if times is None:
+            return
+        if times.scheduled is not None:
+            self.queue.observe(times.scheduled - times.queued)
+        if times.first_token is not None:
+            self.ttft.observe(times.first_token - arrival)
+            if usage is not None and usage.completion_tokens > 1:
+                self.tpot.observe((times.finished - times.first_token) / (usage.completion_tokens - 1))
+        self.e2e.observe(times.finished - arrival)
+
+    def render(self, lines: list[str]) -> None:
+        for histogram in (self.queue, self.ttft, self.tpot, self.e2e):
+            histogram.render(lines)
+
+
+def render_metrics(stats: EngineStats, counts: RequestCounts, latency: LatencyHistograms | None = None) -> str:
     lines: list[str] = []
     for name, kind, attr, help_text in _ENGINE_METRICS:
         _header(lines, name, kind, help_text)
@@ -68,6 +132,8 @@ def render_metrics(stats: EngineStats, counts: RequestCounts) -> str:
     _header(lines, "lmd_requests_rejected_total", "counter", "Requests answered with an error, by endpoint and status.")
     for (endpoint, status), value in sorted(counts.rejected.items()):
         lines.append(f'lmd_requests_rejected_total{{endpoint="{endpoint}",status="{status}"}} {value}')
+    if latency is not None:
+        latency.render(lines)
     return "\n".join(lines) + "\n"
 
 

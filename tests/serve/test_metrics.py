@@ -8,7 +8,7 @@ from tests.serve.conftest import MODEL
 
 CHAT_LENGTH = 'lmd_requests_finished_total{endpoint="/v1/chat/completions",finish_reason="length"}'
 CHAT_400 = 'lmd_requests_rejected_total{endpoint="/v1/chat/completions",status="400"}'
-SAMPLE = re.compile(r"^([a-z_]+(?:\{[^}]*\})?) (\S+)$")
+SAMPLE = re.compile(r"^([a-z_][a-z0-9_]*(?:\{[^}]*\})?) (\S+)$")
 
 
 def _scrape(client) -> dict[str, float]:
@@ -24,7 +24,9 @@ def _scrape(client) -> dict[str, float]:
         match = SAMPLE.match(line)
         assert match, f"not a Prometheus sample: {line!r}"
         name = match.group(1)
-        assert name.split("{")[0] in typed, f"{name} has no # TYPE line"
+        base = name.split("{")[0]
+        family = base if base in typed else re.sub(r"_(bucket|sum|count)$", "", base)  # a histogram's series
+        assert family in typed, f"{name} has no # TYPE line"
         samples[name] = float(match.group(2))
     return samples
 
