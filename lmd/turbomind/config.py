@@ -70,8 +70,8 @@ class ModelConfig:
 
     @property
     def float_dtype(self) -> str:
-        """The activation dtype: the weights' own for float weights, compute_dtype for int4."""
-        return self.compute_dtype if self.weight_type == "int4" else self.weight_type
+        """The activation dtype: the weights' own for float weights, compute_dtype for quantized ones (int4, W8A8)."""
+        return self.compute_dtype if self.weight_type in ("int4", "int8", "fp8") else self.weight_type
 
 
 @dataclass(frozen=True)

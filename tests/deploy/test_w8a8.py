@@ -146,6 +146,14 @@ def test_engine_nll_equals_fake_quantized_hf(tiny_models, calib_dir, tmp_path, s
     ours = engine_window_scorer(engine)(ids)
     ref = F.cross_entropy(_fake_w8a8_logits(reference, ids[None], qdtype)[0, :-1], ids[1:], reduction="sum").item()
     assert abs(ours - ref) < 1e-4 * abs(ref), (ours, ref)
+    # served as deployed (the default dtype: the workspace's fp16 compute dtype), greedy tokens come out
+    from lmd.turbomind.engine import Engine
+    from lmd.turbomind.gen_config import GenerationConfig
+
+    with Engine(deployed.path, cache_block_seq_len=8, cache_max_entry_count=32) as served:
+        assert served.runner.dtype == torch.float16
+        reply = served.generate([5, 6, 7], GenerationConfig(max_new_tokens=4, temperature=0, ignore_eos=True))
+        assert len(reply.result().token_ids) == 4
 
 
 def test_tp2_rank_files_hold_their_scales(tiny_models, calib_dir, tmp_path):
