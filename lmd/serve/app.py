@@ -206,16 +206,18 @@ class _Server:
             for request_id in ids:
                 self.engine.abort(request_id)  # a no-op when the request already finished
 
-        def trace(finals: Sequence[EngineResponse | Delta]) -> None:
-            """Latency histograms and (when tracing) the request's span, from its generations' last deltas."""
+        def trace(finals: Sequence[EngineResponse | Delta | None]) -> None:
+            """Latency histograms and (when tracing) the request's span, from its generations' last deltas, one per
+            engine request in order (None: it never ended here, e.g. the client left first)."""
             for final in finals:
-                self.latency.observe(arrival, final.times, final.usage)
+                if final is not None:
+                    self.latency.observe(arrival, final.times, final.usage)
             if self.tracer is not None:
-                usage = summed_usage([f.usage for f in finals], samples)
+                usage = summed_usage([None if f is None else f.usage for f in finals], samples)
                 self.tracer.record(request.headers, TracedRequest(
                     response_id, endpoint, self.model_name, arrival, configs[0],
-                    tuple(f.finish_reason or "abort" for f in finals), usage,
-                    tuple(f.times for f in finals if f.times is not None)))
+                    tuple("abort" if f is None or f.finish_reason is None else f.finish_reason for f in finals),
+                    usage, tuple(f.times for f in finals if f is not None and f.times is not None)))
 
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
@@ -228,7 +230,7 @@ class _Server:
                 self.in_flight.difference_update(ids)
                 for i in range(len(ids)):
                     self.counts.finish(endpoint, reasons.get(i))
-                trace([finals[i] for i in sorted(finals)])
+                trace([finals.get(i) for i in range(len(ids))])
 
             return AbortingEventStream(self.events(streams, builder, include_usage, reasons, finals), on_close)
         gathered = asyncio.gather(*(collect(s) for s in streams))
@@ -238,7 +240,7 @@ class _Server:
             self.in_flight.difference_update(ids)
         for i in range(len(ids)):
             self.counts.finish(endpoint, None if results is None else results[i].finish_reason)
-        trace(results or [])
+        trace(results if results is not None else [None] * len(ids))
         if results is None:
             return Response(status_code=499)  # nobody is listening any more
         if any(r.finish_reason == "error" for r in results):
@@ -305,8 +307,8 @@ def create_app(engine: Engine, model_name: str, api_keys: Sequence[str] = (),
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
-        return PlainTextResponse(render_metrics(engine.stats(), server.counts, server.latency),
-                                 media_type=CONTENT_TYPE)
+        stats = await asyncio.to_thread(engine.stats)  # a round trip to the engine process: off the event loop
+        return PlainTextResponse(render_metrics(stats, server.counts, server.latency), media_type=CONTENT_TYPE)
 
     @app.get("/v1/models", dependencies=authorized)
     async def list_models() -> dict[str, Any]:

@@ -147,14 +147,9 @@ class Engine:
                   apply_chat_template: bool) -> list[RequestStream]:
         token_ids = self.encode(prompt, apply_chat_template)
         config = checked_request(config, token_ids, vocab_size=self.workspace.model.vocab_size,
-                                 max_batch_size=self.scheduler.max_batch_size, max_len=self.max_len)
+                                 max_batch_size=self.scheduler.max_batch_size, max_len=self.max_len,
+                                 speculative=self.speculative)
         samples = config.num_samples
-        if self.speculative is not None and (samples > 1 or config.guided is not None):
-            raise LmdError("speculative decoding serves one sample per prompt without a structured output; "
-                           "drop n / best_of / guided, or start the engine without speculative")
-        if self.drafter is not None and not config.is_greedy:
-            raise LmdError("a draft model proposes for greedy requests only (temperature 0); use "
-                           "--speculative-method ngram to sample")
         matcher = None if config.guided is None else self.grammar_compiler.matcher(config.guided,
                                                                                    config.stop_token_ids)
         limit = min(len(token_ids) + config.max_new_tokens, self.max_len)

@@ -101,6 +101,10 @@ class DenseLinear:
         self.out_features = weight.shape[0]
         self.gemv = _gemv_plan(weight) if weight.is_cuda else None
 
+    def replan(self) -> None:
+        """The weight tensor was replaced (weight offload's device slot): choose the batch-1 kernel for it."""
+        self.gemv = _gemv_plan(self.weight) if self.weight.is_cuda else None
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.gemv is not None and x.dim() == 2 and x.shape[0] == 1 and x.stride(1) == 1:
             from lmd.turbomind.kernels.dense_gemv import dense_gemv

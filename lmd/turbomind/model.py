@@ -81,6 +81,7 @@ class LlamaModel:
                 offload.before(i)
                 h, delta = layer(h, delta, cos, sin, batch, cache)
                 offload.after(i)
+            offload.finish()
         return add_rms_norm(h, delta, self.norm, self.cfg.norm_eps)[1]
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:

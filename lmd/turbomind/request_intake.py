@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from lmd.chat_templates import ChatTemplate
+    from lmd.turbomind.speculative.config import SpeculativeConfig
 
 Prompt = str | list[dict[str, str]] | list[int]
 
@@ -31,7 +32,7 @@ def encode_prompt(prompt: Prompt, tokenizer: PreTrainedTokenizerBase, chat_templ
 
 
 def checked_request(config: GenerationConfig, token_ids: list[int], *, vocab_size: int, max_batch_size: int,
-                    max_len: int) -> GenerationConfig:
+                    max_len: int, speculative: SpeculativeConfig | None = None) -> GenerationConfig:
     """The config the request runs with (best_of ranks samples by cumulative logprob, so it gets logprobs), or an
     LmdError naming what is wrong and the fix."""
     config.check_vocab(vocab_size)
@@ -46,4 +47,10 @@ def checked_request(config: GenerationConfig, token_ids: list[int], *, vocab_siz
     if len(token_ids) >= max_len:
         raise LmdError(f"the prompt has {len(token_ids)} tokens; this engine holds at most {max_len} "
                        "per session (session_len / KV cache); shorten it or raise session_len")
+    if speculative is not None and (samples > 1 or config.guided is not None):
+        raise LmdError("speculative decoding serves one sample per prompt without a structured output; "
+                       "drop n / best_of / guided, or start the engine without speculative")
+    if speculative is not None and speculative.method == "draft" and not config.is_greedy:
+        raise LmdError("a draft model proposes for greedy requests only (temperature 0); use "
+                       "--speculative-method ngram to sample")
     return config

@@ -23,6 +23,8 @@ import torch
 
 from lmd.errors import LmdError
 
+SLOTS = 2  # device copies of offloaded layers: the one in use and the next
+
 
 @dataclass(frozen=True)
 class OffloadPlan:
@@ -31,14 +33,21 @@ class OffloadPlan:
 
     @property
     def bytes(self) -> int:
+        """Weights kept in host memory."""
         return len(self.layers) * self.bytes_per_layer
+
+    @property
+    def saved_bytes(self) -> int:
+        """Device memory freed: the hosted weights less the slots they are copied into."""
+        return max(0, len(self.layers) - SLOTS) * self.bytes_per_layer
 
 
 def plan_offload(gb: float, num_layers: int, bytes_per_layer: int) -> OffloadPlan:
-    """Enough layers to move at least `gb` GiB off the device (all of them at most), spread evenly."""
+    """Enough layers to free at least `gb` GiB of this device (the two slots the offloaded layers share count against
+    it, so that is two layers more; every layer at most), spread evenly."""
     if gb <= 0:
         return OffloadPlan((), bytes_per_layer)
-    count = min(num_layers, math.ceil(gb * 2**30 / bytes_per_layer))
+    count = min(num_layers, math.ceil(gb * 2**30 / bytes_per_layer) + SLOTS)
     layers = tuple(sorted({(2 * i + 1) * num_layers // (2 * count) for i in range(count)}))
     return OffloadPlan(layers, bytes_per_layer)
 
@@ -75,10 +84,15 @@ class LayerOffload:
         if len(shapes) > 1:
             raise LmdError("weight offload needs decoder layers of one shape; this model's layers differ")
         first = self.host[0] if self.host else []
-        self.slots = [[torch.empty(t.shape, dtype=t.dtype, device=device) for t in first] for _ in range(2)]
+        self.slots = [[torch.empty(t.shape, dtype=t.dtype, device=device) for t in first]
+                      for _ in range(min(SLOTS, len(self.order)))]
         for j, entries in enumerate(owners):  # every offloaded layer reads its slot's tensors from now on
-            for (linear, name, _), slot_tensor in zip(entries, self.slots[j % 2], strict=True):
+            for (linear, name, _), slot_tensor in zip(entries, self.slots[j % SLOTS], strict=True):
                 setattr(linear, name, slot_tensor)
+            for linear in dict.fromkeys(linear for linear, _, _ in entries):
+                replan = getattr(linear, "replan", None)
+                if replan is not None:  # a kernel choice made for the host tensor is made again for the slot
+                    replan()
         if self.cuda:
             self.side = torch.cuda.Stream(device)
             self.ready = [torch.cuda.Event() for _ in self.order]
@@ -106,10 +120,16 @@ class LayerOffload:
             self.side.wait_event(self.free[j])
         self._copy(j + 2)
 
+    def finish(self) -> None:
+        """After the last layer: every side-stream operation is joined into the main stream (a CUDA-graph capture
+        must end with its forked streams joined)."""
+        if self.order and self.cuda:
+            torch.cuda.current_stream(self.device).wait_stream(self.side)
+
     def _copy(self, j: int) -> None:
         if j >= len(self.order):
             return
-        slot = self.slots[j % 2]
+        slot = self.slots[j % SLOTS]
         if not self.cuda:
             for dst, src in zip(slot, self.host[j], strict=True):
                 dst.copy_(src)

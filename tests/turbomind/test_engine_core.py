@@ -126,3 +126,16 @@ def test_an_engine_process_that_dies_ends_its_streams_with_error(tiny_llama_ws):
     with pytest.raises(LmdError, match="closed"):
         engine.generate([1])
     engine.close()
+
+
+def test_speculative_engine_in_its_own_process(tiny_llama_ws):
+    from lmd.turbomind.speculative.config import SpeculativeConfig
+
+    spec = SpeculativeConfig("ngram")
+    prompt, config = [3, 4, 5, 3, 4, 5, 3, 4], GenerationConfig(max_new_tokens=10, temperature=0, ignore_eos=True)
+    with Engine(tiny_llama_ws[1], speculative=spec, **OPTIONS) as local:
+        expected = local.generate(prompt, config).result().token_ids
+    with EngineClient(tiny_llama_ws[1], speculative=spec, **OPTIONS) as engine:
+        assert engine.generate(prompt, config).result().token_ids == expected
+        with pytest.raises(LmdError, match="one sample per prompt"):  # refused in the caller's process
+            engine.generate_samples(prompt, GenerationConfig(n=2))

@@ -36,7 +36,8 @@ def test_offloaded_engine_gives_the_plain_engines_tokens(tiny_llama_ws):
     for gb in (1e-4, 100.0):  # one layer, every layer
         tokens, logprobs, engine = _run(ws, offload_weights_gb=gb)
         plan = engine.runner.offload_plan
-        assert plan.layers and (len(plan.layers) == engine.workspace.model.num_layer) == (gb == 100.0)
+        depth = engine.workspace.model.num_layer
+        assert len(plan.layers) == (min(depth, 3) if gb < 1 else depth)  # one layer's worth + the two slots
         assert tokens == plain_tokens
         assert sum(logprobs, []) == pytest.approx(sum(plain_logprobs, []), abs=1e-6)
         layer = engine.runner.model.layers[plan.layers[0]]
@@ -65,7 +66,8 @@ def test_offloaded_int4_layers_travel_packed(tiny_llama_ws, tmp_path):
 
 def test_plans_spread_layers_and_bad_values_are_refused(tiny_llama_ws):
     assert plan_offload(0, 32, 100).layers == ()
-    assert plan_offload(400 / 2**30, 32, 100).layers == (4, 12, 20, 28)
+    assert plan_offload(400 / 2**30, 32, 100).layers == (2, 8, 13, 18, 24, 29)  # 4 layers freed, 2 for the slots
+    assert plan_offload(400 / 2**30, 32, 100).saved_bytes == 400
     assert plan_offload(1e9, 32, 100).layers == tuple(range(32))
     with pytest.raises(LmdError, match="offload_weights_gb=-1"):
         Engine(tiny_llama_ws[1], start=False, offload_weights_gb=-1)

@@ -21,6 +21,7 @@ import multiprocessing as mp
 import threading
 import weakref
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,7 @@ from lmd.turbomind.gen_config import GenerationConfig
 from lmd.turbomind.guided import GrammarCompiler
 from lmd.turbomind.request_intake import Prompt, checked_request, encode_prompt
 from lmd.turbomind.request_stream import Delta, RequestStream
+from lmd.turbomind.speculative.config import SpeculativeConfig
 from lmd.turbomind.workspace import Workspace, open_workspace
 
 STATS_TIMEOUT_S = 30.0
@@ -56,15 +58,17 @@ class EngineProcessError(RuntimeError):
 
 
 class EngineClient:
-    def __init__(self, workspace: str | Path | Workspace, **overrides: Any) -> None:
+    def __init__(self, workspace: str | Path | Workspace, speculative: SpeculativeConfig | None = None,
+                 **overrides: Any) -> None:
         ws = workspace if isinstance(workspace, Workspace) else open_workspace(workspace, **overrides)
+        self.speculative = speculative
         self.workspace = ws
         self.tokenizer = ws.load_tokenizer()
         self.chat_template = ws.chat_template()
         config = {f.name: getattr(ws.engine, f.name) for f in fields(EngineConfig)}  # the child's is identical
         context = mp.get_context("spawn")  # a forked child would inherit CUDA state and this process's threads
         self._conn, child_conn = context.Pipe()
-        self._process = context.Process(target=run_engine_core, args=(child_conn, str(ws.root), config),
+        self._process = context.Process(target=run_engine_core, args=(child_conn, str(ws.root), config, speculative),
                                         name="lmd-engine-core")
         self._process.start()
         child_conn.close()
@@ -108,12 +112,21 @@ class EngineClient:
         return encode_prompt(prompt, self.tokenizer, self.chat_template, apply_chat_template)
 
     def stats(self) -> EngineStats:
+        """A round trip to the engine process (async callers: run it in a thread, e.g. asyncio.to_thread)."""
         ticket = next(self._tickets)
         future: Future[EngineStats] = Future()
         with self._lock:
+            if self._gone:
+                raise LmdError("the engine process has exited; create a new engine")
             self._stats[ticket] = future
-        self._send(StatsQuery(ticket))
-        return future.result(timeout=STATS_TIMEOUT_S)
+        try:
+            self._send(StatsQuery(ticket))
+            return future.result(timeout=STATS_TIMEOUT_S)
+        except FutureTimeout:
+            raise LmdError(f"the engine process did not answer a stats query within {STATS_TIMEOUT_S:g} s") from None
+        finally:
+            with self._lock:
+                self._stats.pop(ticket, None)
 
     def close(self) -> None:
         """Requests still running end with "abort"; the engine process exits."""
@@ -137,7 +150,8 @@ class EngineClient:
                 samples: bool) -> list[RequestStream]:
         token_ids = self.encode(prompt, apply_chat_template)
         config = checked_request(config, token_ids, vocab_size=self.workspace.model.vocab_size,
-                                 max_batch_size=self.workspace.engine.max_batch_size, max_len=self.max_len)
+                                 max_batch_size=self.workspace.engine.max_batch_size, max_len=self.max_len,
+                                 speculative=self.speculative)
         if config.guided is not None:
             self.grammar_compiler.compile(config.guided)  # an invalid grammar is refused here, as by the engine
         with self._lock:
@@ -152,7 +166,7 @@ class EngineClient:
             self._streams.update(zip(ids, streams, strict=True))
         try:
             self._send(Submit(base, tuple(token_ids), config, samples))
-        except LmdError:
+        except BaseException:  # e.g. a request id that cannot be pickled: the ids are free again
             with self._lock:
                 for i in ids:
                     self._streams.pop(i, None)
@@ -171,10 +185,15 @@ class EngineClient:
         try:
             while not self._conn.poll(0.5):
                 if not self._process.is_alive():
-                    raise LmdError(f"the engine process exited with code {self._process.exitcode} while starting; "
-                                   "see its messages above")
+                    break
             message = self._conn.recv()
-        except BaseException:
+        except (EOFError, OSError):  # the child died before saying Ready or StartFailed
+            self._process.join(1.0)
+            self._finalizer()
+            raise LmdError(f"the engine process exited with code {self._process.exitcode} while starting; see its "
+                           "messages above") from None
+        except BaseException:  # Ctrl+C during a long load: the child ignores SIGINT and is not reading the pipe
+            self._process.terminate()
             self._finalizer()
             raise
         if isinstance(message, StartFailed):
@@ -199,6 +218,8 @@ class EngineClient:
                 elif isinstance(message, Closed):
                     break
         except (EOFError, OSError):
+            pass
+        except Exception:  # noqa: BLE001 (our end closed under recv at interpreter exit, or a bad message)
             pass
         self._end_everything()
 

@@ -29,6 +29,7 @@ from lmd.turbomind.engine_core.messages import (
     Submit,
 )
 from lmd.turbomind.request_stream import Delta
+from lmd.turbomind.speculative.config import SpeculativeConfig
 
 _log = logging.getLogger("lmd.engine")
 
@@ -80,13 +81,14 @@ class _Outbox:
                 return
 
 
-def run_engine_core(conn: Connection, workspace: str, overrides: dict[str, Any]) -> None:
+def run_engine_core(conn: Connection, workspace: str, overrides: dict[str, Any],
+                    speculative: SpeculativeConfig | None = None) -> None:
     """The child process's entry point: build the engine, say Ready (or StartFailed), then serve messages until
     Shutdown or the client's end of the pipe closes (the client process exited: the engine stops too). Ctrl+C
     reaches the whole process group; the client decides when this process stops, so SIGINT is ignored here."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        engine = Engine(workspace, **overrides)
+        engine = Engine(workspace, speculative=speculative, **overrides)
     except BaseException as exc:  # one message for the client, which raises it as a one-line error
         if not isinstance(exc, LmdError):
             _log.exception("the engine failed to start")
@@ -106,7 +108,13 @@ def run_engine_core(conn: Connection, workspace: str, overrides: dict[str, Any])
                 break
             if isinstance(message, Shutdown):
                 break
-            _handle(engine, outbox, message)
+            try:
+                _handle(engine, outbox, message)
+            except Exception as exc:  # a bug in one request's handling must not stop the engine for every other
+                _log.exception("engine core: handling %s failed", type(message).__name__)
+                if isinstance(message, Submit):
+                    samples = message.config.num_samples if message.samples else 1
+                    outbox.send(Refused(message.request_id, samples, repr(exc)))
     finally:
         engine.close()  # requests still running end with "abort"; their last deltas go out before Closed
         with contextlib.suppress(OSError):
