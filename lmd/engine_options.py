@@ -97,8 +97,9 @@ OffloadWeightsOpt = Annotated[
     typer.Option(
         "--offload-weights",
         metavar="GB",
-        help="Keep this many GiB of decoder-layer weights in host memory, copied to the GPU ahead of each layer's "
-        "use (a model larger than the GPU runs, slower; the KV cache gets the memory saved). Default: none.",
+        help="Free this many GiB of device memory (per GPU) by keeping decoder-layer weights in host memory, copied "
+        "to the GPU ahead of each layer's use (a model larger than the GPU runs, slower; the KV cache gets the "
+        "memory freed). Default: none.",
     ),
 ]
 TpOpt = Annotated[
