@@ -53,7 +53,14 @@ def client(tiny_llama_ws):
 def test_streams_equal_the_in_process_engine(tiny_llama_ws, client):
     with Engine(tiny_llama_ws[1], **OPTIONS) as local:
         expected = _responses(local)
-    assert _responses(client) == expected
+    ours = _responses(client)
+    # the child may run another number of intra-op threads: logprobs agree to float rounding, everything else exactly
+    strip = lambda rows: [row[:4] + row[5:] if len(row) > 2 else row for row in rows]  # noqa: E731
+    assert strip(ours) == strip(expected)
+    for mine, theirs in zip(ours[:4], expected[:4], strict=True):
+        assert (mine[4] is None) == (theirs[4] is None)
+        if mine[4] is not None:
+            assert mine[4] == pytest.approx(theirs[4], abs=1e-4)
     assert client.pid != os.getpid()
     assert client.max_len == local.max_len and client.eos_ids == local.eos_ids
     stats = client.stats()
