@@ -97,6 +97,31 @@ def test_greedy_matches_hf_with_preemption(smol_ws, prompt_ids, hf_outputs):
     assert stats.preemptions > 0 and stats.blocks_used == 0 and stats.blocks_free == blocks
 
 
+def test_greedy_with_ngram_speculation_matches_hf(smol_ws, prompt_ids, hf_outputs):
+    from lmd.turbomind.speculative.config import SpeculativeConfig
+
+    for k in (2, 4):
+        speculative = SpeculativeConfig("ngram", k, prompt_lookup_min=1)
+        engine = Engine(smol_ws, start=False, cache_block_seq_len=16, cache_max_entry_count=256, speculative=speculative)
+        assert [_run(engine, [ids])[0] for ids in prompt_ids] == hf_outputs
+        assert _run(engine, prompt_ids) == hf_outputs
+        stats = engine.stats()
+        assert stats.spec_proposed_tokens > 0 and stats.blocks_used == 0
+
+
+def test_greedy_with_a_weak_draft_model_matches_hf(smol_ws, prompt_ids, hf_outputs, tmp_path):
+    from lmd.turbomind.speculative.config import SpeculativeConfig
+    from lmd.turbomind.speculative.layer_draft import first_layers_workspace
+
+    draft = first_layers_workspace(smol_ws, 8, tmp_path / "draft")  # the first 8 of 30 layers and the head
+    engine = Engine(smol_ws, start=False, cache_block_seq_len=16, cache_max_entry_count=256,
+                    speculative=SpeculativeConfig("draft", 3, model=str(draft)))
+    assert [_run(engine, [ids])[0] for ids in prompt_ids] == hf_outputs
+    assert _run(engine, prompt_ids) == hf_outputs
+    stats = engine.stats()
+    assert stats.spec_accepted_tokens < stats.spec_proposed_tokens and stats.blocks_used == 0  # rejections
+
+
 def test_logits_match_hf(smol_ws, hf_model, prompt_ids, hf_outputs):
     engine = Engine(smol_ws, start=False, cache_block_seq_len=16, cache_max_entry_count=64)
     runner = engine.runner
