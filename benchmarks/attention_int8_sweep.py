@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.kernels import graph_time_us  # noqa: E402
 from lmd.turbomind.kernels.paged_attention import (  # noqa: E402
     AttentionConfig,
     attention_meta,
@@ -56,24 +57,8 @@ def pools(batch: int, ctx: int, layers: int, int8: bool, dev: torch.device):
 
 
 def time_us(fn, layers: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        fn()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            for _ in range(REPS):
-                fn()
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / (REPS * layers))
-    return sorted(times)[2]
+    """Per layer call: `fn` (every layer's call) REPS times in one CUDA graph, median of 5 replays."""
+    return graph_time_us([fn] * REPS, reps=5) / layers
 
 
 def main() -> None:

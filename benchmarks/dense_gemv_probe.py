@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.kernels import graph_time_us as shared_graph_time_us  # noqa: E402
 from lmd.turbomind.kernels.dense_gemv import DenseGemvConfig, dense_gemv  # noqa: E402
 
 SHAPES = {  # name: (N, K)
@@ -34,25 +35,8 @@ CALLS = 20
 
 
 def graph_time_us(fn) -> float:
-    fn()
-    torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        fn()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            for _ in range(CALLS):
-                fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(7):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / CALLS)
-    return sorted(times)[len(times) // 2]
+    """Per call, `CALLS` back-to-back calls captured as one CUDA graph, median of 7 replays."""
+    return shared_graph_time_us([fn] * CALLS, reps=7)
 
 
 def main() -> None:
