@@ -99,7 +99,7 @@ def run_engine_core(conn: Connection, workspace: str, overrides: dict[str, Any],
     runner = engine.runner
     graphs = None if runner.graphs is None else GraphsInfo(runner.graphs.capture, tuple(runner.graphs.buckets))
     outbox.send(Ready(os.getpid(), engine.max_len, engine.eos_ids,
-                      RunnerInfo(str(runner.device), runner.tp, runner.num_blocks, graphs)))
+                      RunnerInfo(str(runner.device), graphs)))
     try:
         while True:
             try:

@@ -45,11 +45,9 @@ class GraphsInfo:
 
 @dataclass(frozen=True)
 class RunnerInfo:
-    """What callers read of the engine's model runner (`engine.runner.device`, `.graphs`, ...)."""
+    """What callers read of the engine's model runner (`lmd serve`'s start-up table: `.device`, `.graphs`)."""
 
     device: str
-    tp: int
-    num_blocks: int
     graphs: GraphsInfo | None
 
 
