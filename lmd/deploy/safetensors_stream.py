@@ -1,8 +1,10 @@
 """Write a .safetensors file one tensor at a time, so a deploy never holds a whole rank's weights in memory.
 
 safetensors puts a JSON header (names, dtypes, shapes, byte offsets) before the data, and the header is only known
-once every tensor is written. Tensor bytes therefore stream into `<file>.part`; `close()` writes the header and
-appends the part file, then deletes it. The result is byte-compatible with `safetensors.torch.save_file`.
+once every tensor is written. Tensor bytes therefore stream into `<file>.part` behind a reserved, space-filled header
+region; `close()` writes the header into that region (the format allows trailing spaces in the header) and renames
+the part file, so a deploy never needs twice a rank's size on disk. A header larger than the region (tens of
+thousands of tensors) falls back to writing a new file and copying the data behind it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 import torch
 
 _ALIGN = 8  # the header is space-padded so tensor data starts 8-byte aligned
+_RESERVED = 1 << 20  # header bytes reserved ahead of the data: ~150 bytes per tensor, a 70B model needs ~150 KB
 
 
 def _dtype_tag(dtype: torch.dtype) -> str:
@@ -29,6 +32,7 @@ class SafetensorsStreamWriter:
         self.path = Path(path)
         self._part_path = self.path.with_name(self.path.name + ".part")
         self._part = self._part_path.open("wb")
+        self._part.write(b" " * (8 + _RESERVED))
         self._entries: dict[str, dict[str, object]] = {}
         self._offset = 0
         self._metadata = dict(metadata or {})
@@ -55,9 +59,16 @@ class SafetensorsStreamWriter:
         header.update(self._entries)
         blob = json.dumps(header, separators=(",", ":")).encode()
         blob += b" " * (-len(blob) % _ALIGN)
+        if len(blob) <= _RESERVED:
+            with self._part_path.open("r+b") as part:
+                part.write(struct.pack("<Q", _RESERVED))
+                part.write(blob)  # the rest of the region stays spaces
+            self._part_path.replace(self.path)
+            return self.path
         with self.path.open("wb") as out, self._part_path.open("rb") as part:
             out.write(struct.pack("<Q", len(blob)))
             out.write(blob)
+            part.seek(8 + _RESERVED)
             shutil.copyfileobj(part, out, length=16 << 20)
         self._part_path.unlink()
         return self.path

@@ -38,3 +38,26 @@ def test_abort_leaves_nothing(tmp_path):
     writer.add("a", torch.zeros(3))
     writer.abort()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_header_larger_than_the_reserved_region_falls_back_to_a_copy(tmp_path, monkeypatch):
+    from lmd.deploy import safetensors_stream
+
+    monkeypatch.setattr(safetensors_stream, "_RESERVED", 64)
+    tensors = {f"layers.{i}.weight": torch.full((i + 1,), float(i)) for i in range(20)}
+    writer = SafetensorsStreamWriter(tmp_path / "z.safetensors")
+    for name, tensor in tensors.items():
+        writer.add(name, tensor)
+    path = writer.close()
+    assert list(tmp_path.iterdir()) == [path]
+    loaded = load_file(str(path))
+    assert all(torch.equal(loaded[name], tensor) for name, tensor in tensors.items())
+
+
+def test_file_holds_only_the_header_region_and_the_data(tmp_path):
+    from lmd.deploy import safetensors_stream
+
+    writer = SafetensorsStreamWriter(tmp_path / "w.safetensors")
+    writer.add("a", torch.zeros(1000))
+    path = writer.close()
+    assert path.stat().st_size == 8 + safetensors_stream._RESERVED + 4000

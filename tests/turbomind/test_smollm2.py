@@ -10,6 +10,7 @@ bounds are set from the spread of the same statistic over other windows, package
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 import torch
@@ -38,8 +39,9 @@ PROMPTS = [
 def smol_ws(smollm2_gguf, tmp_path_factory):
     from lmd.deploy.converter import deploy
 
-    return deploy("hf", str(smollm2_gguf), str(tmp_path_factory.mktemp("smol") / "ws"), dtype="float32",
-                  progress=False)
+    root = tmp_path_factory.mktemp("smol")
+    yield deploy("hf", str(smollm2_gguf), str(root / "ws"), dtype="float32", progress=False)
+    shutil.rmtree(root, ignore_errors=True)  # 0.5 GB: CI's disk is not ours to fill
 
 
 @pytest.fixture(scope="module")
