@@ -113,9 +113,22 @@ class SamplingRequest(BaseModel):
     guided_regex: str | None = Field(None, description="extension (vLLM): a regex the reply matches")
     guided_choice: list[str] | None = Field(None, description="extension (vLLM): the reply is one of these")
     guided_grammar: str | None = Field(None, description="extension (vLLM): an EBNF grammar (root rule `root`)")
+    use_beam_search: bool = Field(False, description="extension (vLLM): beam search, best_of (or n) beams wide, "
+                                                     "the n best returned; needs temperature=0")
+    length_penalty: float = Field(1.0, description="extension (vLLM, with use_beam_search): beams are ranked by "
+                                                   "cumulative logprob / length ** length_penalty")
+    early_stopping: bool | Literal["never"] = Field(False, description="extension (vLLM, with use_beam_search)")
 
     def unsupported(self) -> tuple[str, str] | None:
         """(field, message) for the first option this server cannot honour, or None."""
+        if self.use_beam_search and self.stream:
+            return "use_beam_search", ("use_beam_search cannot be streamed (the best beams are known only at the "
+                                       "end); send stream=false")
+        if self.use_beam_search and max(self.n or 1, self.best_of or 1) < 2:
+            return "use_beam_search", "use_beam_search needs best_of (the beam width) or n of at least 2"
+        if not self.use_beam_search and (self.length_penalty != 1.0 or self.early_stopping is not False):
+            field = "length_penalty" if self.length_penalty != 1.0 else "early_stopping"
+            return field, f"{field} applies to beam search only; send use_beam_search=true or leave it out"
         if self.best_of is not None and self.best_of > (self.n or 1) and self.stream:
             return "best_of", "best_of cannot be streamed (the best are known only at the end); send stream=false"
         if self.stream_options is not None and not self.stream:

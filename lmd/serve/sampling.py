@@ -49,7 +49,11 @@ def generation_config(request: ChatCompletionRequest | CompletionRequest, room: 
         "prompt_logprobs": ("logprobs", request.logprobs if getattr(request, "echo", False) else None),
         "skip_special_tokens": ("skip_special_tokens", request.skip_special_tokens),
         "n": ("n", 1 if request.n is None else request.n),
-        "best_of": ("best_of", request.best_of),
+        "best_of": ("best_of", None if request.use_beam_search else request.best_of),
+        # vLLM's beam search: best_of beams wide (n when best_of is unset), the n best returned
+        "beam_width": ("best_of", request.best_of or request.n or 1) if request.use_beam_search else ("best_of", 1),
+        "length_penalty": ("length_penalty", request.length_penalty),
+        "early_stopping": ("early_stopping", request.early_stopping),
         "guided": ("guided", None) if structured is None else (structured.field, structured.spec),
     }
     try:

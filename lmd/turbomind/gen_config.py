@@ -61,6 +61,13 @@ class GenerationConfig:
     best_of: int | None = None
     # Structured output: the reply follows this grammar and ends (finish "stop") as soon as the grammar is complete.
     guided: GuidedSpec | None = None
+    # Beam search (beam_width > 1; transformers' `generate(num_beams=...)` rules): the n best of beam_width beams,
+    # scored by cumulative logprob / generated_length ** length_penalty. early_stopping: False (stop when no running
+    # beam can beat the finished ones at its present length), True (stop once beam_width beams finished) or "never"
+    # (with length_penalty > 0, judge a running beam at max_new_tokens).
+    beam_width: int = 1
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
 
     def __post_init__(self) -> None:
         # Lists are accepted for convenience; the frozen config stores tuples so it stays hashable.
@@ -133,6 +140,32 @@ class GenerationConfig:
             raise _fail("skip_special_tokens", self.skip_special_tokens, "True or False")
         if self.guided is not None:
             self._validate_guided()
+        self._validate_beams()
+
+    def _validate_beams(self) -> None:
+        if not _is_int(self.beam_width) or not 1 <= self.beam_width <= MAX_SAMPLES:
+            raise _fail("beam_width", self.beam_width, f"an integer in [1, {MAX_SAMPLES}] (1 = no beam search)")
+        if not _is_number(self.length_penalty):
+            raise _fail("length_penalty", self.length_penalty, "a number (1 = score per token, 0 = no length term)")
+        if self.early_stopping not in (False, True, "never"):
+            raise _fail("early_stopping", self.early_stopping, 'False, True or "never"')
+        if self.beam_width == 1:
+            return
+        if self.n > self.beam_width or self.best_of is not None:
+            raise _fail("n", self.n, f"at most beam_width={self.beam_width} beams returned, best_of unset (the beam "
+                                     "width is how many candidates are kept)")
+        if not self.is_greedy:
+            raise _fail("temperature", self.temperature, "0 with beam search: it keeps the most likely beams, it "
+                                                          "does not sample")
+        refused = {"min_new_tokens": self.min_new_tokens != 0, "repetition_penalty": self.repetition_penalty != 1.0,
+                   "presence_penalty": self.presence_penalty != 0.0, "frequency_penalty": self.frequency_penalty != 0.0,
+                   "logit_bias": bool(self.logit_bias), "min_p": self.min_p != 0.0, "stop_words": bool(self.stop_words),
+                   "logprobs": self.logprobs is not None, "prompt_logprobs": self.prompt_logprobs is not None,
+                   "guided": self.guided is not None}
+        name = next((name for name, set_ in refused.items() if set_), None)
+        if name is not None:
+            raise _fail(name, getattr(self, name), "its default with beam search (beam_width > 1), which scores "
+                                                   "beams by their plain logprobs")
 
     def _validate_guided(self) -> None:
         from lmd.turbomind.guided import GuidedSpec  # imports torch: only for guided configs

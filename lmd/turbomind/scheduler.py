@@ -77,7 +77,7 @@ class Scheduler:
                     drafts = []
                     continue
                 victim = self.running[-1]
-                self._preempt(victim)
+                self.preempt(victim)
                 preempted.append(victim.seq_id)
                 if victim is seq:
                     break
@@ -141,13 +141,17 @@ class Scheduler:
         self._seqs.pop(seq.seq_id, None)
         seq.status = SequenceStatus.FINISHED
 
-    def _preempt(self, seq: Sequence) -> None:
+    def preempt(self, seq: Sequence, to_back: bool = False) -> None:
+        """Free a running sequence's blocks; it is recomputed when admitted again (first in the queue, or last)."""
         self.running.remove(seq)
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         seq.status = SequenceStatus.WAITING
-        self.waiting.appendleft(seq)
+        if to_back:
+            self.waiting.append(seq)
+        else:
+            self.waiting.appendleft(seq)
 
 
 def _chunk(seq: Sequence, n: int, drafts: list[int] | None = None) -> ScheduledChunk:

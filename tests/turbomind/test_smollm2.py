@@ -178,3 +178,25 @@ def test_kv_int8_online_ppl_close_to_float_kv(smol_ws):
     # 1 % (2.6x). A 4-bit step gives +9 %, a dropped zero point +16,000 %; a 6-bit step (+0.32 %) or floor for round
     # (+0.11 %) hide in the spread, so test_kv_int8.py checks the step and the rounding exactly.
     assert abs(ppl - base) / base < 0.01
+
+
+@pytest.mark.parametrize(("width", "length_penalty"), [(2, 1.0), (4, 0.6)])
+def test_beam_search_matches_hf(smol_ws, hf_model, prompt_ids, width, length_penalty):
+    from transformers import GenerationConfig as HFConfig
+
+    from lmd.turbomind.gen_config import GenerationConfig
+
+    engine = Engine(smol_ws, start=False, cache_block_seq_len=16, cache_max_entry_count=256)
+    eos = list(engine.eos_ids)
+    config = GenerationConfig(beam_width=width, n=2, length_penalty=length_penalty, max_new_tokens=24, temperature=0)
+    searches = [engine.generate_samples(ids, config) for ids in prompt_ids]  # all eight in one batch
+    while engine.step():
+        pass
+    hf_config = HFConfig(num_beams=width, num_return_sequences=2, do_sample=False, length_penalty=length_penalty,
+                         max_new_tokens=24, eos_token_id=eos, pad_token_id=eos[0])
+    for ids, streams in zip(prompt_ids, searches, strict=True):
+        out = hf_model.generate(torch.tensor([ids]), generation_config=hf_config)[:, len(ids):].tolist()
+        expected = [row[:next((i + 1 for i, t in enumerate(row) if t in eos), len(row))] for row in out]
+        assert [s.result().token_ids for s in streams] == expected
+    stats = engine.stats()
+    assert stats.blocks_used == 0 and stats.blocks_free == 256
