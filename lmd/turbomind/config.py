@@ -89,6 +89,8 @@ class EngineConfig:
     dtype: str = "auto"  # not in config.ini: "auto" keeps the workspace's compute dtype; else fp32/fp16/bf16
     tp: int = 1  # not in config.ini: tensor-parallel processes; any TP dividing the heads, whatever was deployed
     tp_rank: int = 0  # set by the engine for each rank's process
+    pp: int = 1  # not in config.ini: pipeline stages (the decoder layers split in pp contiguous parts); tp * pp ranks
+    pp_rank: int = 0  # set by the engine for each rank's process: its stage
     cuda_graph: bool = True  # not in config.ini: replay captured CUDA graphs for decode steps (CUDA, tp = 1)
     async_output: bool | None = None  # not in config.ini: stream a step's text while the next step runs; None: on
     # when the engine thread steps (a caller driving step() itself sees each step's deltas when it returns)
@@ -108,6 +110,10 @@ class EngineConfig:
                            "use 0 (KV in the compute dtype) or 4 (KV int8)")
         if self.tp < 1:
             raise LmdError(f"tp={self.tp} must be >= 1 (1: one process; N: N tensor-parallel processes)")
+        if self.pp < 1:
+            raise LmdError(f"pp={self.pp} must be >= 1 (1: no pipeline; N: the layers split into N stages)")
+        if not 0 <= self.pp_rank < self.pp:
+            raise LmdError(f"pp_rank={self.pp_rank} but pp={self.pp}")
         if self.offload_weights_gb < 0:
             raise LmdError(f"offload_weights_gb={self.offload_weights_gb} must be >= 0 (GiB of layer weights kept in "
                            "host memory; 0: none)")
@@ -115,7 +121,8 @@ class EngineConfig:
             raise LmdError(f"dtype={self.dtype!r} is unknown; use auto, fp32, fp16 or bf16")
 
 
-_ENGINE_INI_KEYS = {f.name for f in fields(EngineConfig)} - {"device", "dtype", "tp", "tp_rank", "cuda_graph",
+_ENGINE_INI_KEYS = {f.name for f in fields(EngineConfig)} - {"device", "dtype", "tp", "tp_rank", "pp", "pp_rank",
+                                                             "cuda_graph",
                                                              "async_output", "enable_prefix_caching",
                                                              "offload_weights_gb"}
 

@@ -83,8 +83,8 @@ class Engine:
     def __init__(self, workspace: str | Path | Workspace, start: bool = True,
                  speculative: SpeculativeConfig | None = None, **overrides: Any) -> None:
         ws = workspace if isinstance(workspace, Workspace) else open_workspace(workspace, **overrides)
-        if speculative is not None and ws.engine.tp > 1:
-            raise LmdError(f"speculative decoding runs with tp=1 only; got tp={ws.engine.tp}")
+        if speculative is not None and ws.engine.tp * ws.engine.pp > 1:
+            raise LmdError(f"speculative decoding runs on one rank only; got tp={ws.engine.tp}, pp={ws.engine.pp}")
         if speculative is not None and speculative.tree is not None:
             raise LmdError("--speculative-tree: token trees are not available yet; draft a chain (leave it out)")
         self.workspace = ws
@@ -119,7 +119,7 @@ class Engine:
         self._stopping = False
         self._defer_output = start if cfg.async_output is None else cfg.async_output
         self._pending: list[tuple[RequestState, int, Any, Any, str | None]] = []  # accepted, text not yet streamed
-        self._overlap = self._defer_output and self.runner.tp == 1  # in-flight ids stay on rank 0's device
+        self._overlap = self._defer_output and self.runner.world == 1  # in-flight ids stay on rank 0's device
         self._inflight: _InflightStep | None = None
         self._beam_rows: list[tuple[int, int]] = []  # (seq_id, logits row) of this step's beams
         self.last_error: Exception | None = None
@@ -460,7 +460,7 @@ class Engine:
         state.fork_parent = None
         prompt = child.num_prompt_tokens
         parent.num_reserved_forks = max(0, parent.num_reserved_forks - 1)  # type: ignore[union-attr]
-        shared = (self.runner.tp == 1 and parent.num_computed_tokens >= prompt  # type: ignore[union-attr]
+        shared = (self.runner.world == 1 and parent.num_computed_tokens >= prompt  # type: ignore[union-attr]
                   and len(parent.block_table) >= self.block_manager.blocks_for(prompt))  # type: ignore[union-attr]
         pair = self.block_manager.fork(parent, child, prompt) if shared else False  # type: ignore[arg-type]
         if pair is False:
@@ -568,7 +568,7 @@ class Engine:
             parents = [beam.seq_id for beam in request.beams]
             request.advance(self.scheduler, self.block_manager,
                                     lambda src, dst: self.runner.cache.copy_blocks([src], [dst]),
-                                    self._new_seq_id, can_share=self.runner.tp == 1)
+                                    self._new_seq_id, can_share=self.runner.world == 1)
             for parent in parents:
                 self._beam_of.pop(parent)
             if request.search.done:

@@ -57,6 +57,9 @@ class ModelRunner:
     def __init__(self, ws: Workspace, tp_port: int | None = None) -> None:
         model_cfg, engine_cfg = ws.rank_model, ws.engine
         rank, self.tp = engine_cfg.tp_rank, engine_cfg.tp
+        self.world = engine_cfg.tp * engine_cfg.pp  # processes that run the model
+        if engine_cfg.pp > 1:
+            raise LmdError("pp > 1: pipeline parallelism is not available yet; use tp")
         self.device = resolve_device(engine_cfg.device, rank if self.tp > 1 else None)
         self.dtype = DTYPES[model_cfg.float_dtype if engine_cfg.dtype == "auto" else engine_cfg.dtype]
         self.workers: TPWorkers | None = None
