@@ -111,6 +111,15 @@ TpOpt = Annotated[
         "matches, else split or merged at load); 1 (the default) runs the whole model in one process.",
     ),
 ]
+PpOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--pp",
+        help="Pipeline parallelism: the decoder layers cut into N stages of consecutive layers, each in its own "
+        "process(es) (tp x pp ranks in all: rank r on cuda:r, or CPU); every step's batch flows through the stages "
+        "in micro-batches, so the stages compute at the same time. 1 (the default): no pipeline.",
+    ),
+]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="Compute dtype: auto (the workspace's), fp32, fp16 or bf16.")]
 EnforceEagerOpt = Annotated[
     bool,
@@ -174,6 +183,7 @@ _ENGINE_FLAGS = (
     "device",
     "dtype",
     "tp",
+    "pp",
     "offload_weights_gb",
 )
 

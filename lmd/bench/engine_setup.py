@@ -30,6 +30,7 @@ class EngineOverrides:
     cache_block_seq_len: int | None = None
     quant_policy: int | None = None
     tp: int | None = None  # tensor-parallel processes (docs/engine.md); None: 1, all ranks merged in one process
+    pp: int | None = None  # pipeline stages (docs/engine.md); None: 1
     enforce_eager: bool = False  # decode steps without CUDA graphs
     offload_weights_gb: float | None = None  # GiB of layer weights kept in host memory (docs/engine.md)
     speculative_method: str | None = None  # the --speculative-* flags (lmd.engine_options.speculative_overrides)

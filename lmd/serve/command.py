@@ -23,6 +23,7 @@ from lmd.engine_options import (
     NumSpeculativeTokensOpt,
     OffloadWeightsOpt,
     PortOpt,
+    PpOpt,
     QuantPolicyOpt,
     SessionLenOpt,
     SpeculativeMethodOpt,
@@ -73,6 +74,7 @@ def serve_command(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     tp: TpOpt = None,
+    pp: PpOpt = None,
     enforce_eager: EnforceEagerOpt = False,
     offload_weights_gb: OffloadWeightsOpt = None,
     speculative_method: SpeculativeMethodOpt = None,
@@ -135,6 +137,7 @@ def serve_command(
         device=device,
         dtype=dtype,
         tp=tp,
+        pp=pp,
         enable_prefix_caching=not no_enable_prefix_caching,
         offload_weights_gb=offload_weights_gb,
     )
@@ -168,6 +171,7 @@ def _run(engine: Any, name: str, keys: list[str], host: str, port: int, log_leve
         ("device", str(engine.runner.device)),
         ("engine", f"process {engine.pid}" if isinstance(engine, EngineClient) else "a thread of this process"),
         ("tensor parallel", _tp_mode(engine.workspace)),
+        ("pipeline parallel", _pp_mode(engine.workspace)),
         ("max tokens per request", engine.max_len),
         ("max batch size", cfg.max_batch_size),
         ("KV blocks", f"{stats.blocks_total} x {cfg.cache_block_seq_len} tokens"),
@@ -192,6 +196,16 @@ def _tp_mode(ws: Any) -> str:
     tp, deployed = ws.engine.tp, ws.model.tensor_para_size
     how = "its rank files" if tp == deployed else f"weights {'merged' if tp == 1 else 'split'} at load"
     return f"{tp} rank{'s' if tp > 1 else ''} ({how}; deployed with tp {deployed})"
+
+
+def _pp_mode(ws: Any) -> str:
+    """Which rank holds what (pipeline_stage.layout_lines), one line per rank."""
+    from lmd.turbomind.pipeline_stage import layout_lines
+
+    cfg = ws.engine
+    if cfg.pp == 1:
+        return "off"
+    return "\n".join([f"{cfg.pp} stages"] + layout_lines(ws.model.num_layer, cfg.tp, cfg.pp))
 
 
 def _tool_mode(engine: Any, parser: str | None) -> str:

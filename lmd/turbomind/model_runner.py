@@ -6,6 +6,7 @@ The runner owns everything on the device: the model's weights and the KV cache p
 
 from __future__ import annotations
 
+import logging
 from contextlib import AbstractContextManager, nullcontext
 
 import torch
@@ -17,6 +18,7 @@ from lmd.turbomind.forward_batch import ForwardBatch, InflightIds, patch_infligh
 from lmd.turbomind.kv_cache import KVCache, block_bytes, plan_num_blocks
 from lmd.turbomind.kv_int8 import StaticKVParams
 from lmd.turbomind.model import LlamaModel, Reduce
+from lmd.turbomind.pipeline_stage import StageLink, layout_lines, micro_batches, stage_layers
 from lmd.turbomind.scheduler import SchedulerOutput
 from lmd.turbomind.tp_group import (
     all_reduce_min,
@@ -32,6 +34,7 @@ from lmd.turbomind.workspace import Workspace
 
 _ROW_SPLIT_BIASES = ("attention.wo.bias", "feed_forward.w2.bias")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+_log = logging.getLogger("lmd.engine")
 
 
 def resolve_device(name: str, tp_rank: int | None = None) -> torch.device:
@@ -50,36 +53,46 @@ def resolve_device(name: str, tp_rank: int | None = None) -> torch.device:
 
 
 class ModelRunner:
-    """One rank's runner. tp = 1: the whole model here (a tp > 1 workspace merged). tp = N: this process is rank
-    `tp_rank`; rank 0 (the driver) spawns ranks 1 .. N-1 and sends them every batch it runs (`tp_port` is given to
-    the workers only)."""
+    """One rank's runner. tp = pp = 1: the whole model here (a tp > 1 workspace merged). Otherwise this process is
+    global rank pp_rank * tp + tp_rank of tp * pp; rank 0 (the driver) spawns the others and sends them every batch
+    it runs (`tp_port` is given to the workers only). pp > 1: this rank holds its stage's layers and their KV cache
+    (`pipeline_stage.py`)."""
 
     def __init__(self, ws: Workspace, tp_port: int | None = None) -> None:
         model_cfg, engine_cfg = ws.rank_model, ws.engine
-        rank, self.tp = engine_cfg.tp_rank, engine_cfg.tp
-        self.world = engine_cfg.tp * engine_cfg.pp  # processes that run the model
-        if engine_cfg.pp > 1:
-            raise LmdError("pp > 1: pipeline parallelism is not available yet; use tp")
-        self.device = resolve_device(engine_cfg.device, rank if self.tp > 1 else None)
+        self.tp, self.pp = engine_cfg.tp, engine_cfg.pp
+        self.world = self.tp * self.pp  # processes that run the model
+        rank = engine_cfg.pp_rank * self.tp + engine_cfg.tp_rank  # global
+        self.rank = rank
+        if self.pp > model_cfg.num_layer:
+            raise LmdError(f"pp={self.pp} stages but the model has {model_cfg.num_layer} layers; use at most "
+                           f"pp={model_cfg.num_layer}")
+        if self.pp > 1 and engine_cfg.offload_weights_gb > 0:
+            raise LmdError("--offload-weights runs with pp=1; drop one of them")
+        self.stage = StageLink(rank, self.tp, self.pp) if self.pp > 1 else None
+        self.device = resolve_device(engine_cfg.device, rank if self.world > 1 else None)
         self.dtype = DTYPES[model_cfg.float_dtype if engine_cfg.dtype == "auto" else engine_cfg.dtype]
         self.workers: TPWorkers | None = None
         self._joined = False
         reduce = None
-        if self.tp > 1:
+        if self.world > 1:
             if tp_port is None:
                 if rank != 0:
-                    raise LmdError(f"tp_rank={rank} with tp={self.tp}: the engine sets each worker's rank itself; "
-                                   "leave tp_rank out")
+                    raise LmdError(f"tp_rank={engine_cfg.tp_rank}, pp_rank={engine_cfg.pp_rank}: the engine sets "
+                                   "each worker's ranks itself; leave them out")
                 check_no_tp_group()
                 tp_port = free_port()
+                for line in layout_lines(model_cfg.num_layer, self.tp, self.pp):
+                    _log.info("%s", line)
                 self.workers = TPWorkers(ws, tp_port, ModelRunner)
             try:
-                join_tp_group(rank, self.tp, tp_port, self.device)
+                join_tp_group(rank, self.world, tp_port, self.device, tp=self.tp)
                 self._joined = True
             except BaseException:
                 self.close()
                 raise
-            reduce = all_reduce_sum
+            if self.tp > 1:
+                reduce = all_reduce_sum
         try:
             with self._guard():
                 self._build(ws, model_cfg, engine_cfg, reduce)
@@ -95,6 +108,11 @@ class ModelRunner:
         if engine_cfg.tp_rank > 0:  # a row-split linear's bias is added once, by rank 0
             weights = {k: v for k, v in weights.items() if not k.endswith(_ROW_SPLIT_BIASES)}
         options: dict = {} if reduce is None else {"reduce": reduce}
+        layers = stage_layers(model_cfg.num_layer, self.pp, engine_cfg.pp_rank)
+        if self.pp > 1:  # this stage's layers only (and what the model needs of the rest)
+            options["layers"] = layers
+            weights = {k: v for k, v in weights.items()
+                       if not k.startswith("layers.") or int(k.split(".")[1]) in layers}
         self.offload_plan = None
         if offload:
             layer_bytes = sum(v.numel() * v.element_size() for k, v in weights.items()
@@ -115,15 +133,15 @@ class ModelRunner:
                 static = StaticKVParams.from_tensors(tensors, model_cfg.num_layer, kv_heads, model_cfg.size_per_head,
                                                      str(ws.kv_qparams_file()))
         self.kv_int8_static = static is not None
-        dims = (model_cfg.num_layer, self.block_size, kv_heads, model_cfg.size_per_head)
+        dims = (len(layers), self.block_size, kv_heads, model_cfg.size_per_head)
         self.bytes_per_block = block_bytes(*dims, self.dtype, int8, static is not None)
         max_useful = engine_cfg.max_batch_size * -(-engine_cfg.session_len // self.block_size)
         num_blocks = plan_num_blocks(engine_cfg.cache_max_entry_count, self.bytes_per_block, self.device, max_useful)
-        if self.tp > 1:  # every rank must hold every block the driver hands out
+        if self.world > 1:  # every rank must hold every block the driver hands out
             num_blocks = all_reduce_min(num_blocks, self.device)
         # decode graphs pad batches with rows that write into one scratch block past the ones handed out
-        self._scratch = 1 if engine_cfg.cuda_graph and self.tp == 1 else 0
-        self.cache = KVCache(model_cfg.num_layer, num_blocks + self._scratch, self.block_size, kv_heads,
+        self._scratch = 1 if engine_cfg.cuda_graph and self.world == 1 else 0
+        self.cache = KVCache(len(layers), num_blocks + self._scratch, self.block_size, kv_heads,
                              model_cfg.size_per_head, self.dtype, self.device, int8, static)
         self.graphs: DecodeGraphs | None = None
         self._max_batch, self._session_len = engine_cfg.max_batch_size, engine_cfg.session_len
@@ -141,7 +159,7 @@ class ModelRunner:
     def enable_decode_graphs(self, capture: bool) -> None:
         """Run decode steps on the static buffers of `DecodeGraphs` (capture=False: eagerly, e.g. on CPU)."""
         if not self._scratch:
-            raise LmdError("decode graphs need the scratch block: cuda_graph=True and tp=1")
+            raise LmdError("decode graphs need the scratch block: cuda_graph=True and tp=pp=1")
         self.graphs = DecodeGraphs(self.model, self.cache, self.cache.num_blocks - 1, self._max_batch,
                                    self._session_len, self.device, capture)
         self.graphs.capture_all()  # at start, as vLLM does: the first step of each batch size is not slowed
@@ -163,11 +181,13 @@ class ModelRunner:
             if chunk.needs_logits and not chunk.all_logits:
                 rows.extend(range(end - 1 - chunk.num_draft, end))  # a verification: every proposal's position too
         sources = None if inflight is None else inflight.sources([(c.seq_id, c.token_ids) for c in output.chunks])
-        if sources is not None and self.tp > 1:
-            raise LmdError("overlapped steps (in-flight token ids) need tp=1")
+        if sources is not None and self.world > 1:
+            raise LmdError("overlapped steps (in-flight token ids) need tp=pp=1")
         patch = None if sources is None else (sources, inflight.token_ids)  # type: ignore[union-attr]
         if self.graphs is not None and len(rows) == len(chunks) and self.graphs.fits(chunks):
             return self.graphs.run(chunks, patch)
+        if self.stage is not None:
+            return self.run_chunks(chunks, rows)
         batch = self._batch(chunks, rows)
         if patch is not None:
             patch_inflight(batch.input_ids, *patch)
@@ -176,18 +196,49 @@ class ModelRunner:
     def run_chunks(self, chunks: list[tuple[list[int], int, list[int]]], rows: list[int]) -> torch.Tensor:
         """Logits of `rows` of the flat batch of `chunks` (token ids, start, block table); on a worker rank the
         layers only (its part of the all-reduces), and the result is empty."""
+        if self.stage is not None:
+            if self.workers is not None:
+                self.workers.send((chunks, rows))
+            return self._stage_forward(chunks, rows)
         return self._forward(self._batch(chunks, rows))
 
     def _forward(self, batch: ForwardBatch) -> torch.Tensor:
         with self._guard():
-            if self.tp > 1 and self.workers is None:
+            if self.world > 1 and self.workers is None:
                 self._worker_forward(batch)
                 return torch.empty(0)
             return self.model.forward(batch, self.cache)
 
+    def _stage_forward(self, chunks: list[tuple[list[int], int, list[int]]], rows: list[int]) -> torch.Tensor:
+        """pp > 1, every rank: this stage's part of each micro-batch, the carries passed on as they are done; the
+        driver then gathers the logits from the last stage (empty on the other ranks)."""
+        stage, model = self.stage, self.model
+        assert stage is not None
+        parts = micro_batches(chunks, rows, self.pp)
+        hidden = self.model.cfg.hidden_units
+        with self._guard(), torch.inference_mode():
+            for part in parts:
+                batch = ForwardBatch.build(part.chunks, self.block_size, part.rows, self.device)
+                tokens = len(batch.input_ids)
+                carry = None if stage.first else stage.recv_carry(tokens, hidden, self.dtype, self.device)
+                h, delta = model.run_layers(batch, self.cache, carry)
+                if not stage.last:
+                    stage.send_carry(h, delta)
+                elif stage.sends_logits:
+                    normed = model.final_norm(h, delta)[batch.logit_indices]
+                    stage.send_logits(model.logits(normed))
+            logits = torch.empty(0)
+            if self.rank == 0:
+                vocab = self.model.cfg.vocab_size
+                logits = torch.cat([stage.recv_logits(len(p.rows), vocab, self.device) for p in parts])
+            stage.wait_sends()
+        return logits
+
     @torch.inference_mode()
     def hidden_states(self, token_ids: list[int], start: int, block_table: list[int]) -> torch.Tensor:
         """Every token's final hidden state [n, H] for one chunk of one sequence (its KV goes into the cache)."""
+        if self.stage is not None:
+            raise LmdError("scoring hidden states through the engine (eval, draft models) runs with pp=1; use tp")
         batch = self._batch([(token_ids, start, block_table)], [])
         with self._guard():
             return self.model.hidden_states(batch, self.cache)

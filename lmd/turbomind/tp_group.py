@@ -1,7 +1,10 @@
-"""The tensor-parallel process group: joining it, the two collectives the model needs, leaving it.
+"""The model's process group: joining it, the collectives the model needs, leaving it.
 
-Every rank calls `join_tp_group` with the same localhost port; gloo runs on CPU, NCCL on CUDA (rank r on cuda:r).
-One tensor-parallel engine per process: torch.distributed has one default group.
+tp * pp ranks: global rank g is tensor-parallel rank g % tp of pipeline stage g // tp. Every rank calls `join_tp_group`
+with the same localhost port; gloo runs on CPU, NCCL on CUDA (rank g on cuda:g). The all-reduces of a stage run in
+its tensor-parallel subgroup; the default group (every rank) agrees on the KV block count and carries the
+activations between stages (`pipeline_stage.py`). One model-parallel engine per process: torch.distributed has one
+default group.
 """
 
 from __future__ import annotations
@@ -36,9 +39,14 @@ def check_no_tp_group() -> None:
         raise LmdError("this process already runs a tensor-parallel engine; close it before opening another with tp > 1")
 
 
-def join_tp_group(rank: int, world: int, port: int, device: torch.device) -> None:
+_tp_group = None  # this rank's stage's tensor-parallel subgroup; None: the default group (pp = 1)
+
+
+def join_tp_group(rank: int, world: int, port: int, device: torch.device, tp: int | None = None) -> None:
+    """`tp` < world: pipeline parallelism, world // tp stages of tp ranks each."""
     import torch.distributed as dist
 
+    global _tp_group
     check_no_tp_group()
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
@@ -50,25 +58,33 @@ def join_tp_group(rank: int, world: int, port: int, device: torch.device) -> Non
         world_size=world,
         timeout=timedelta(seconds=timeout_s()),
     )
+    tp = world if tp is None else tp
+    if tp < world:  # every rank creates every subgroup, in the same order
+        for stage in range(world // tp):
+            group = dist.new_group(list(range(stage * tp, (stage + 1) * tp)))
+            if stage == rank // tp:
+                _tp_group = group
 
 
 def leave_tp_group() -> None:
     import torch.distributed as dist
 
+    global _tp_group
     if dist.is_initialized():
         dist.destroy_process_group()
+    _tp_group = None
 
 
 def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
     """Sum of every rank's partial output of a row-parallel linear (wo, w2), in place."""
     import torch.distributed as dist
 
-    dist.all_reduce(x)
+    dist.all_reduce(x, group=_tp_group)
     return x
 
 
 def all_reduce_min(value: int, device: torch.device) -> int:
-    """The smallest `value` over the ranks (all ranks must agree on the number of KV blocks)."""
+    """The smallest `value` over every rank (all ranks must agree on the number of KV blocks)."""
     import torch.distributed as dist
 
     t = torch.tensor([value], dtype=torch.int64, device=device)

@@ -19,7 +19,7 @@ class WorkerRunner(Protocol):
     def run_chunks(self, chunks: list[tuple[list[int], int, list[int]]], rows: list[int]) -> Any: ...
 
 
-def worker_main(rank: int, world: int, port: int, root: str, options: dict[str, Any], conn: Connection,
+def worker_main(rank: int, tp: int, port: int, root: str, options: dict[str, Any], conn: Connection,
                 make_runner: Callable[..., WorkerRunner]) -> None:
     """`make_runner(workspace, tp_port=port)` builds this rank's runner (the engine passes its ModelRunner class,
     so that this module does not import the runner that spawns it)."""
@@ -28,7 +28,8 @@ def worker_main(rank: int, world: int, port: int, root: str, options: dict[str, 
 
     try:
         conn.send(READY)  # imports done: the driver may now wait in the group's rendezvous
-        runner = make_runner(open_workspace(root, **{**options, "tp_rank": rank}), tp_port=port)
+        ranks = {"tp_rank": rank % tp, "pp_rank": rank // tp}  # `rank` is global: stage rank // tp
+        runner = make_runner(open_workspace(root, **{**options, **ranks}), tp_port=port)
         while True:
             try:
                 message = conn.recv()

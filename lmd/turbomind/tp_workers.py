@@ -26,12 +26,13 @@ class TPWorkers:
         self._broken: LmdError | None = None
         self._conns: list[Any] = []
         self._procs: list[Any] = []
-        for rank in range(1, ws.engine.tp):
+        self._tp = ws.engine.tp
+        for rank in range(1, ws.engine.tp * ws.engine.pp):  # global ranks: stage rank // tp, tp rank rank % tp
             parent, child = ctx.Pipe()
             proc = ctx.Process(
                 target=worker_main,
                 args=(rank, ws.engine.tp, port, str(ws.root), options, child, make_runner),
-                name=f"lmd-tp-rank{rank}",
+                name=f"lmd-rank{rank}",
                 daemon=True,
             )
             proc.start()
@@ -82,8 +83,10 @@ class TPWorkers:
                     reason = conn.recv()
             except (OSError, EOFError):
                 pass
-            return LmdError(f"tensor-parallel worker rank {rank} died ({reason}); close this engine and open a new one")
-        return LmdError(f"a tensor-parallel step failed ({exc}); close this engine and open a new one")
+            where = f"stage {rank // self._tp}, tp rank {rank % self._tp}"
+            return LmdError(f"model-parallel worker rank {rank} ({where}) died ({reason}); close this engine and "
+                            "open a new one")
+        return LmdError(f"a model-parallel step failed ({exc}); close this engine and open a new one")
 
     def close(self, graceful: bool = True) -> None:
         """Ask the workers to exit; one still there after JOIN_TIMEOUT_S (or at once: not graceful) is terminated."""

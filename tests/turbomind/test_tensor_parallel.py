@@ -159,7 +159,7 @@ def test_a_tp_that_does_not_divide_the_heads_is_refused(tp2_ws):
         open_workspace(tp2_ws, tp=4)
     with pytest.raises(LmdError, match="tp=0 must be >= 1"):
         open_workspace(tp2_ws, tp=0)
-    with pytest.raises(LmdError, match="tp_rank=1 with tp=2: .* leave tp_rank out"):
+    with pytest.raises(LmdError, match="tp_rank=1, pp_rank=0: .* leave them out"):
         ModelRunner(open_workspace(tp2_ws, tp=2, tp_rank=1, device="cpu"))
 
 
@@ -239,7 +239,7 @@ def test_a_killed_worker_is_an_error_not_a_hang(tp2_ws):
         result = engine.generate(B, GenerationConfig(max_new_tokens=2)).result()
         assert result.finish_reason == "error"
         assert isinstance(engine.last_error, LmdError)
-        assert "worker rank 1 died" in str(engine.last_error)
+        assert "worker rank 1 (stage 0, tp rank 1) died" in str(engine.last_error)
         with pytest.raises(LmdError, match="already runs a tensor-parallel engine"):
             ModelRunner(open_workspace(tp2_ws, tp=2, device="cpu", cache_max_entry_count=16))
     finally:
@@ -273,7 +273,7 @@ def test_a_driver_failure_mid_forward_stops_the_workers(tp2_ws):
 
         runner.model.layers[1].mlp = boom  # rank 1 is left waiting in layer 1's MLP all-reduce
         for _ in range(2):  # the ranks are out of step: every later step fails the same way
-            with pytest.raises(LmdError, match=r"a tensor-parallel step failed \(boom\); close this engine"):
+            with pytest.raises(LmdError, match=r"a model-parallel step failed \(boom\); close this engine"):
                 runner.run_chunks([(B, 0, [0, 1, 2])], [9])
         assert not any(p.is_alive() for p in procs)
     finally:
