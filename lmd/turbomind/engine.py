@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -31,14 +31,12 @@ from lmd.turbomind.prompt_logprobs import PendingPromptLogprobs, plan
 from lmd.turbomind.request_intake import Prompt, checked_request, encode_prompt
 from lmd.turbomind.request_state import RequestState
 from lmd.turbomind.request_stream import Delta, RequestStream
-from lmd.turbomind.sampler import PendingSample, Sampler, SamplingRow
+from lmd.turbomind.sampler import PendingSample, Sampler
 from lmd.turbomind.scheduler import Scheduler, SchedulerOutput
 from lmd.turbomind.sequence import Sequence
 from lmd.turbomind.speculative.config import SpeculativeConfig
 from lmd.turbomind.speculative.request import SpeculativeRequest
-
-if TYPE_CHECKING:
-    from lmd.turbomind.speculative.draft import DraftProposer
+from lmd.turbomind.speculative.speculator import COUNTERS, Speculator
 from lmd.turbomind.workspace import Workspace, open_workspace
 
 
@@ -92,12 +90,8 @@ class Engine:
         self.tokenizer = ws.load_tokenizer()
         self.chat_template = ws.chat_template()
         self.runner = ModelRunner(ws)
-        self.drafter: DraftProposer | None = None
-        if speculative is not None and speculative.method == "draft":
-            from lmd.turbomind.speculative.draft import DraftProposer
-
-            self.drafter = DraftProposer(speculative.model, ws, self.tokenizer,  # type: ignore[arg-type]
-                                         self.runner.num_blocks)
+        self.speculator = None if speculative is None else Speculator(speculative, ws, self.tokenizer,
+                                                                      self.runner.num_blocks)
         cfg = ws.engine
         self.block_manager = BlockManager(self.runner.num_blocks, cfg.cache_block_seq_len, cfg.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, cfg.max_batch_size, cfg.max_context_token_num, cfg.step_length)
@@ -115,7 +109,6 @@ class Engine:
         self._inbox: list[Callable[[], None]] = []
         self._cv = threading.Condition()
         self._counts = dict(prompt_tokens=0, computed_tokens=0, generated_tokens=0, preemptions=0, steps=0)
-        self._spec_counts = dict(spec_verifications=0, spec_proposed_tokens=0, spec_accepted_tokens=0)
         self._stopping = False
         self._defer_output = start if cfg.async_output is None else cfg.async_output
         self._pending: list[tuple[RequestState, int, Any, Any, str | None]] = []  # accepted, text not yet streamed
@@ -232,7 +225,8 @@ class Engine:
         method = None if self.speculative is None else self.speculative.method
         return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), bm.num_blocks, bm.num_used,
                            bm.num_free, bm.num_cached_free, prefix_hit_tokens=self.scheduler.prefix_hit_tokens,
-                           speculative_method=method, **self._counts, **self._spec_counts)
+                           speculative_method=method, **self._counts,
+                           **(dict.fromkeys(COUNTERS, 0) if self.speculator is None else self.speculator.counts))
 
     def close(self) -> None:
         with self._cv:
@@ -243,8 +237,8 @@ class Engine:
         self._drain_inbox()  # requests queued but never admitted end with "abort" too
         self._end_all("abort")
         self.runner.close()  # tensor parallelism: the worker processes exit
-        if self.drafter is not None:
-            self.drafter.close()
+        if self.speculator is not None:
+            self.speculator.close()
 
     def __enter__(self) -> Engine:
         return self
@@ -267,7 +261,8 @@ class Engine:
         penalties and min_new_tokens see every token.
         Without overlap and with deferred output (tp > 1), only the text waits for the next step."""
         self._drain_inbox()
-        proposed = self._propose() if self.speculative is not None else []
+        proposed = [] if self.speculator is None else self.speculator.propose(self.scheduler.running, self._states,
+                                                                            self.max_len, self.sampler)
         output = self.scheduler.schedule()
         if not output.chunks and self._beam_of and self._inflight is None:
             output = self._unblock_beams() or output
@@ -290,7 +285,8 @@ class Engine:
         states, logits, prompt, prompt_states, drafts = self._sampled_rows(output, logits)
         self._resolve_inflight()
         if states:
-            sample = self.sampler.launch(logits, self._sampling_rows(states, drafts))
+            sample = (self.sampler.launch(logits, [state.sampling_row() for state in states])
+                      if self.speculator is None else self.speculator.launch(self.sampler, logits, states, drafts))
             for state in dict.fromkeys(states):
                 state.seq.num_inflight += 1
             rows = {state.seq.seq_id: i for i, state in enumerate(states)}  # a verification: its last row (unused)
@@ -390,37 +386,6 @@ class Engine:
         prompt = PendingPromptLogprobs(logits, targets, prompt_ids) if targets else None
         return states, logits[to_device(sample_rows, torch.int64, logits.device)], prompt, owners, drafts
 
-    def _sampling_rows(self, states: list[RequestState], drafts: dict[int, tuple[int, ...]]) -> list[SamplingRow]:
-        """One row per sampled row; row j of a verification sees the first j proposals as its context."""
-        rows, previous, j = [], None, 0
-        for state in states:
-            j = j + 1 if state is previous else 0
-            previous = state
-            rows.append(state.sampling_row(drafts.get(state.seq.seq_id, ())[:j]))
-        return rows
-
-    def _propose(self) -> list[Sequence]:
-        """Proposals for the decoding speculating sequences, from their known tokens only (their steps are not
-        overlapped, so none has a token in flight); at most what their max_tokens leave after the verification's own
-        token, so no verification overshoots."""
-        wanted = []
-        for seq in self.scheduler.running:
-            state = self._states.get(seq.seq_id)
-            if state is None or state.speculative is None or seq.num_inflight or seq.num_uncomputed != 1:
-                continue
-            room = min(seq.max_num_tokens, self.max_len) - len(seq.token_ids) - 1
-            k = state.speculative.budget(room)
-            if k:
-                wanted.append((seq, k))
-        if self.drafter is not None:
-            drafts = self.drafter.propose(wanted)
-            for seq, _ in wanted:
-                seq.draft_token_ids = drafts.get(seq.seq_id, [])
-        else:
-            for seq, k in wanted:
-                seq.draft_token_ids = self._states[seq.seq_id].speculative.index.propose(seq.token_ids, k)  # type: ignore[union-attr]
-        return [seq for seq, _ in wanted if seq.draft_token_ids]
-
     def _accept_verified(self, state: RequestState, rows: list[tuple[Any, int, Any, Any]],
                          drafts: tuple[int, ...]) -> None:
         """A verification's tokens: row j's token is accepted while every earlier row's token equals the proposal
@@ -445,11 +410,7 @@ class Engine:
             if j == len(drafts) or token != drafts[j]:
                 break
             accepted += 1
-        counts = self._spec_counts
-        counts["spec_verifications"] += 1
-        counts["spec_proposed_tokens"] += len(drafts)
-        counts["spec_accepted_tokens"] += accepted
-        state.speculative.record(len(drafts), accepted)  # type: ignore[union-attr]
+        self.speculator.record(state, len(drafts), accepted)  # type: ignore[union-attr]
         if not state.finished:
             self.block_manager.trim(seq, len(seq.token_ids))
 
@@ -530,8 +491,8 @@ class Engine:
         with self._cv:  # generate() checks request ids under the same lock
             self._seq_of.pop(state.request_id, None)
         self.scheduler.finish(state.seq)
-        if self.drafter is not None:
-            self.drafter.release(seq_id)
+        if self.speculator is not None:
+            self.speculator.release(seq_id)
         if reason is not None:
             self._put(state, state.final_delta(reason, state.stop_strings.flush()))
 

@@ -50,7 +50,4 @@ def checked_request(config: GenerationConfig, token_ids: list[int], *, vocab_siz
     if speculative is not None and (samples > 1 or config.guided is not None):
         raise LmdError("speculative decoding serves one sample per prompt without a structured output; "
                        "drop n / best_of / guided, or start the engine without speculative")
-    if speculative is not None and speculative.method == "draft" and not config.is_greedy:
-        raise LmdError("a draft model proposes for greedy requests only (temperature 0); use "
-                       "--speculative-method ngram to sample")
     return config

@@ -127,15 +127,13 @@ class Sampler:
         if logits.dim() != 2 or logits.shape[0] != len(rows):
             raise LmdError(f"Sampler.sample: logits of shape {tuple(logits.shape)} do not match {len(rows)} rows")
         raw = logits.float()
-        if all(_plain_greedy(row) for row in rows):  # the common decode batch: one argmax
-            return PendingSample(raw.argmax(dim=-1), rows)
-        processed = raw.clone()
-        _apply_repetition_penalty(processed, rows)
-        _apply_presence_frequency(processed, rows)
-        _apply_logit_bias(processed, rows)
-        _mask_early_stop(processed, rows)
-        _apply_guided(processed, rows)
+        return pending_sample(raw, self.choose(raw, rows), rows)
 
+    def choose(self, raw: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        """The token of every row (fp32 logits in, token ids on their device out)."""
+        if all(_plain_greedy(row) for row in rows):  # the common decode batch: one argmax
+            return raw.argmax(dim=-1)
+        processed = processed_logits(raw, rows)
         device = raw.device
         chosen = torch.empty(len(rows), dtype=torch.long, device=device)
         greedy = [i for i, row in enumerate(rows) if row.config.is_greedy]
@@ -145,11 +143,11 @@ class Sampler:
             chosen[index] = processed[index].argmax(dim=-1)
         if sampled:
             index = to_device(sampled, torch.int64, device)
-            uniforms = self._uniforms([rows[i] for i in sampled], device)
+            uniforms = self.uniforms([rows[i] for i in sampled], device)
             chosen[index] = _sample_top_k_top_p(processed[index], [rows[i].config for i in sampled], uniforms)
-        return _with_raw_logprobs(raw, chosen, rows)
+        return chosen
 
-    def _uniforms(self, rows: list[SamplingRow], device: torch.device) -> torch.Tensor:
+    def uniforms(self, rows: list[SamplingRow], device: torch.device) -> torch.Tensor:
         """One uniform in [0, 1) per row, each from that row's own generator (CPU or device generators alike)."""
         values: list[float] = []
         on_device: list[tuple[int, torch.Tensor]] = []
@@ -164,6 +162,37 @@ class Sampler:
         for i, value in on_device:
             uniforms[i] = value.to(device)[0]
         return uniforms.unsqueeze(1)
+
+
+def processed_logits(raw: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """Steps 1-4 of the module docstring on a copy of the fp32 logits."""
+    processed = raw.clone()
+    _apply_repetition_penalty(processed, rows)
+    _apply_presence_frequency(processed, rows)
+    _apply_logit_bias(processed, rows)
+    _mask_early_stop(processed, rows)
+    _apply_guided(processed, rows)
+    return processed
+
+
+def sampling_probs(raw: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """The distribution each row's token is drawn from, over the vocabulary (rows sum to 1): the processed logits
+    through temperature, top-k, min-p and top-p, renormalised; a greedy row's is one-hot at its argmax. Speculative
+    verification needs it whole (rejection sampling compares it with the proposer's)."""
+    processed = processed_logits(raw, rows)
+    probs = torch.zeros_like(processed)
+    greedy = [i for i, row in enumerate(rows) if row.config.is_greedy]
+    sampled = [i for i, row in enumerate(rows) if not row.config.is_greedy]
+    device = raw.device
+    if greedy:
+        index = to_device(greedy, torch.int64, device)
+        probs[index] = torch.nn.functional.one_hot(processed[index].argmax(dim=-1), raw.shape[1]).to(probs.dtype)
+    if sampled:
+        index = to_device(sampled, torch.int64, device)
+        kept, sorted_ids = _filtered_sorted_probs(processed[index], [rows[i].config for i in sampled])
+        kept = kept / kept.sum(dim=-1, keepdim=True)
+        probs[index] = torch.zeros_like(kept).scatter_(1, sorted_ids, kept)
+    return probs
 
 
 def _plain_greedy(row: SamplingRow) -> bool:
@@ -252,14 +281,17 @@ def _apply_guided(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
 
 def _sample_top_k_top_p(logits: torch.Tensor, configs: list[GenerationConfig], uniforms: torch.Tensor) -> torch.Tensor:
     probs, sorted_ids = _filtered_sorted_probs(logits, configs)
-    # The kept set is a prefix of the sorted order, so the CDF is flat after it and a draw below the total mass always
-    # lands on a kept token; the clamp guards the draw that rounds up to the total itself.
+    return sorted_ids.gather(1, draw(probs, uniforms).unsqueeze(1)).squeeze(1)
+
+
+def draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """One index per row by inverse CDF with its uniform ([n, 1]); rows need not sum to 1. An index of probability 0
+    is never drawn: the CDF is flat over it, and the clamp guards the draw that rounds up to the total itself."""
     cdf = probs.double().cumsum(dim=-1)
     total = cdf[:, -1:]
     position = torch.searchsorted(cdf, uniforms * total, right=True)
-    last_kept = (cdf < total).sum(dim=-1, keepdim=True)
-    position = torch.minimum(position, last_kept)
-    return sorted_ids.gather(1, position).squeeze(1)
+    last_positive = (cdf < total).sum(dim=-1, keepdim=True)
+    return torch.minimum(position, last_positive).squeeze(1)
 
 
 def _filtered_sorted_probs(logits: torch.Tensor, configs: list[GenerationConfig]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -286,7 +318,8 @@ def _filtered_sorted_probs(logits: torch.Tensor, configs: list[GenerationConfig]
     return probs.masked_fill(drop, 0.0), sorted_ids
 
 
-def _with_raw_logprobs(raw: torch.Tensor, chosen: torch.Tensor, rows: list[SamplingRow]) -> PendingSample:
+def pending_sample(raw: torch.Tensor, chosen: torch.Tensor, rows: list[SamplingRow]) -> PendingSample:
+    """The chosen tokens with their raw logprobs (where the rows ask for them), on their way to the host."""
     wanted = [i for i, row in enumerate(rows) if row.config.logprobs is not None]
     if not wanted:
         return PendingSample(chosen, rows)

@@ -1,4 +1,6 @@
-"""The draft-model proposer: a smaller lmd workspace sharing the target's tokenizer proposes greedy chains.
+"""The draft-model proposer: a smaller lmd workspace sharing the target's tokenizer proposes chains, drawn with the
+request's own sampling settings (greedy: the processed argmax; sampled: from the draft's processed distribution q,
+which is kept for the verification's rejection rule, `verify.py`).
 
 It owns a second ModelRunner and BlockManager (its KV blocks are its own; no prefix cache). Per speculating
 sequence it keeps a `Sequence` whose token ids are the target's known tokens followed by its last proposals. Each
@@ -13,13 +15,21 @@ A sequence whose draft blocks run out gets no proposal this step. The draft's KV
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from pathlib import Path
+
+import torch
 
 from lmd.errors import LmdError
 from lmd.turbomind.block_manager import BlockManager
+from lmd.turbomind.kernels.host_copy import to_device
 from lmd.turbomind.model_runner import ModelRunner
+from lmd.turbomind.sampler import Sampler, SamplingRow, draw, sampling_probs
 from lmd.turbomind.sequence import Sequence
 from lmd.turbomind.workspace import Workspace, open_workspace
+
+# a request's sampling row after these proposals (its penalties and min_new_tokens count them as generated)
+RowOf = Callable[[tuple[int, ...]], SamplingRow]
 
 
 class DraftProposer:
@@ -38,33 +48,41 @@ class DraftProposer:
         self.block_manager = BlockManager(self.runner.num_blocks, cfg.cache_block_seq_len, enable_caching=False)
         self._seqs: dict[int, Sequence] = {}
 
-    def propose(self, requests: list[tuple[Sequence, int]]) -> dict[int, list[int]]:
-        """Greedy chains of k tokens after each target sequence's known tokens (seq_id -> proposals)."""
-        batch: list[tuple[Sequence, int]] = []
-        for target, k in requests:
+    def propose(self, requests: list[tuple[Sequence, int, RowOf]],
+                sampler: Sampler) -> dict[int, tuple[list[int], torch.Tensor | None]]:
+        """Chains of k tokens after each target sequence's known tokens: seq_id -> (proposals, the [k, vocab]
+        distributions they were drawn from, or None for a greedy request)."""
+        batch: list[tuple[Sequence, int, RowOf]] = []
+        for target, k, row_of in requests:
             seq = self._seqs.setdefault(target.seq_id, Sequence(target.seq_id, []))
             seq.num_computed_tokens = min(seq.num_computed_tokens, _shared_prefix(seq.token_ids, target.token_ids))
             seq.token_ids = list(target.token_ids)
             new = len(seq.token_ids) - seq.num_computed_tokens
             if self.block_manager.append_slots(seq, new + k - 1):  # KV of the tokens fed: all but the last proposal
-                batch.append((seq, k))
-        out: dict[int, list[int]] = {seq.seq_id: [] for seq, _ in batch}
+                batch.append((seq, k, row_of))
+        out: dict[int, list[int]] = {seq.seq_id: [] for seq, _, _ in batch}
+        probs: dict[int, list[torch.Tensor]] = {seq.seq_id: [] for seq, _, _ in batch}
         chunks = [(seq.token_ids[seq.num_computed_tokens:], seq.num_computed_tokens, seq.block_table)
-                  for seq, _ in batch]
-        for step in range(max((k for _, k in batch), default=0)):
-            rows = [end - 1 for end in itertools.accumulate(len(ids) for ids, _, _ in chunks)]
-            logits = self.runner.run_chunks(chunks, rows)
-            tokens = logits.argmax(dim=-1).tolist()
+                  for seq, _, _ in batch]
+        for step in range(max((k for _, k, _ in batch), default=0)):
+            positions = [end - 1 for end in itertools.accumulate(len(ids) for ids, _, _ in chunks)]
+            raw = self.runner.run_chunks(chunks, positions).float()
+            rows = [row_of(tuple(out[seq.seq_id])) for seq, _, row_of in batch]
+            tokens, q = _choose(sampler, raw, rows)
             next_chunks, next_batch = [], []
-            for (seq, k), (ids, start, table), token in zip(batch, chunks, tokens, strict=True):
+            for i, ((seq, k, row_of), (ids, start, table), token) in enumerate(zip(batch, chunks, tokens.tolist(),
+                                                                                   strict=True)):
                 seq.num_computed_tokens = start + len(ids)
                 seq.token_ids.append(token)
                 out[seq.seq_id].append(token)
+                if q is not None and not rows[i].config.is_greedy:
+                    probs[seq.seq_id].append(q[i])
                 if step + 1 < k:
                     next_chunks.append(([token], seq.num_computed_tokens, table))
-                    next_batch.append((seq, k))
+                    next_batch.append((seq, k, row_of))
             chunks, batch = next_chunks, next_batch
-        return out
+        return {seq_id: (tokens, torch.stack(probs[seq_id]) if probs[seq_id] else None)
+                for seq_id, tokens in out.items()}
 
     def release(self, seq_id: int) -> None:
         seq = self._seqs.pop(seq_id, None)
@@ -81,3 +99,23 @@ def _shared_prefix(a: list[int], b: list[int]) -> int:
         if a[i] != b[i]:
             return i
     return n
+
+
+def _choose(sampler: Sampler, raw: torch.Tensor, rows: list[SamplingRow]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Greedy rows: the sampler's argmax; sampled rows: a draw from q, their processed distribution (returned; the
+    greedy rows' left 0)."""
+    sampled = [i for i, row in enumerate(rows) if not row.config.is_greedy]
+    if not sampled:
+        return sampler.choose(raw, rows), None
+    device = raw.device
+    tokens = torch.empty(len(rows), dtype=torch.long, device=device)
+    greedy = [i for i, row in enumerate(rows) if row.config.is_greedy]
+    if greedy:
+        index = to_device(greedy, torch.int64, device)
+        tokens[index] = sampler.choose(raw[index], [rows[i] for i in greedy])
+    index = to_device(sampled, torch.int64, device)
+    picked = [rows[i] for i in sampled]
+    q = torch.zeros_like(raw)
+    q[index] = sampling_probs(raw[index], picked)
+    tokens[index] = draw(q[index], sampler.uniforms(picked, device))
+    return tokens, q

@@ -13,8 +13,13 @@ accepted draft resets it. Work with little to copy (chat) so pays for a few fail
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from lmd.turbomind.speculative.config import SpeculativeConfig
 from lmd.turbomind.speculative.ngram import NgramIndex
+
+if TYPE_CHECKING:
+    import torch
 
 MAX_SKIP = 16
 
@@ -24,6 +29,7 @@ class SpeculativeRequest:
         self.max_k = config.num_speculative_tokens
         self.k = self.max_k  # the next proposal's length
         self.index = NgramIndex(config.prompt_lookup_min, config.prompt_lookup_max)
+        self.draft_probs: torch.Tensor | None = None  # a draft model's q of the sampled proposals being verified
         self._skip = 0  # plain steps left before the next proposal
         self._backoff = 1
 
