@@ -236,6 +236,31 @@ def split_flags(flags: dict[str, Any]) -> tuple[GenerationConfig, dict[str, Any]
     return gen_config, overrides | eager_overrides(bool(flags.get("enforce_eager"))) | speculative
 
 
+def _torchrun_rank(model: str, overrides: dict[str, Any]) -> None:
+    """Under torchrun (RANK/WORLD_SIZE set): check the launch against --tp x --pp; on ranks > 0 run this rank's part
+    of the model until rank 0 stops, then exit (rank 0 goes on to drive the engine and serve)."""
+    from lmd.turbomind.torchrun_env import check_world, torchrun_env
+    from lmd.turbomind.workspace import is_workspace
+
+    env = torchrun_env()
+    if env is None:
+        return
+    check_world(env, int(overrides.get("tp") or 1), int(overrides.get("pp") or 1))
+    if not is_workspace(model):
+        raise LmdError(f"{model} is not a workspace; under torchrun every rank reads the same deployed workspace: "
+                       "`lmd deploy` it first (on a path every node sees)")
+    if env.rank == 0:
+        return
+    from dataclasses import fields
+
+    from lmd.turbomind.config import EngineConfig
+    from lmd.turbomind.torchrun_worker import run_torchrun_worker
+
+    engine_keys = {f.name for f in fields(EngineConfig)}
+    run_torchrun_worker(env, model, {k: v for k, v in overrides.items() if k in engine_keys})
+    raise SystemExit(0)
+
+
 @contextmanager
 def open_chat_engine(model: str, model_name: str | None, overrides: dict[str, Any],
                      engine_process: bool = False) -> Iterator[Engine | EngineClient]:
@@ -246,6 +271,7 @@ def open_chat_engine(model: str, model_name: str | None, overrides: dict[str, An
     from lmd.chat_templates import get_chat_template
     from lmd.turbomind.workspace import is_workspace
 
+    _torchrun_rank(model, overrides)  # ranks > 0 of a torchrun launch run their part of the model and exit here
     if is_workspace(model):
         if model_name is not None:
             raise LmdError(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -158,6 +160,7 @@ def _run(engine: Any, name: str, keys: list[str], host: str, port: int, log_leve
 
     from lmd.serve.app import create_app
     from lmd.turbomind.engine_core import EngineClient
+    from lmd.turbomind.torchrun_env import torchrun_env
 
     app = create_app(engine, name, keys, tool_call_parser, otlp_traces_endpoint)
     tracer = app.state.server.tracer
@@ -185,11 +188,30 @@ def _run(engine: Any, name: str, keys: list[str], host: str, port: int, log_leve
         table.add_row(key, str(value))
     Console(stderr=True).print(table)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+    server = _stoppable_server_class()(config, app.state.server.abort_all)
+    stopped: list[str] = []
+    if torchrun_env() is not None:  # rank 0 of a torchrun launch: it exits when another rank stops
+        threading.Thread(target=_stop_when_a_rank_stops, args=(engine, server, stopped), daemon=True).start()
     try:
-        _stoppable_server_class()(config, app.state.server.abort_all).run()
+        server.run()
     finally:
         if tracer is not None:
             tracer.shutdown()  # the spans still queued go out
+    if stopped:
+        raise LmdError(stopped[0])
+
+
+def _stop_when_a_rank_stops(engine: Any, server: Any, stopped: list[str]) -> None:
+    """A failed model-parallel step leaves the ranks out of step for good: stop serving, with the engine's error."""
+    while not server.should_exit:
+        error = engine.last_error
+        if error is not None and ("model-parallel" in str(error) or "engine process exited" in str(error)):
+            text = str(error)
+            start = text.find("model-parallel")
+            stopped.append(text[start:].rstrip("')\"") if start >= 0 else text)
+            server.should_exit = True
+            return
+        time.sleep(0.5)
 
 
 def _tp_mode(ws: Any) -> str:

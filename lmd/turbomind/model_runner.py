@@ -20,6 +20,8 @@ from lmd.turbomind.kv_int8 import StaticKVParams
 from lmd.turbomind.model import LlamaModel, Reduce
 from lmd.turbomind.pipeline_stage import StageLink, layout_lines, micro_batches, stage_layers
 from lmd.turbomind.scheduler import SchedulerOutput
+from lmd.turbomind.torchrun_env import check_world, join_torchrun_group, torchrun_env
+from lmd.turbomind.torchrun_workers import TorchrunWorkers
 from lmd.turbomind.tp_group import (
     all_reduce_min,
     all_reduce_sum,
@@ -27,6 +29,7 @@ from lmd.turbomind.tp_group import (
     free_port,
     join_tp_group,
     leave_tp_group,
+    timeout_s,
 )
 from lmd.turbomind.tp_workers import TPWorkers
 from lmd.turbomind.weight_offload import linear_weight_names, plan_offload
@@ -70,12 +73,30 @@ class ModelRunner:
         if self.pp > 1 and engine_cfg.offload_weights_gb > 0:
             raise LmdError("--offload-weights runs with pp=1; drop one of them")
         self.stage = StageLink(rank, self.tp, self.pp) if self.pp > 1 else None
-        self.device = resolve_device(engine_cfg.device, rank if self.world > 1 else None)
+        launch = torchrun_env() if self.world > 1 else None  # started by torchrun: its ranks, nothing spawned
+        if launch is not None:
+            check_world(launch, self.tp, self.pp)
+            if launch.rank != rank:
+                raise LmdError(f"torchrun's RANK={launch.rank} but this process was given tp_rank "
+                               f"{engine_cfg.tp_rank}, pp_rank {engine_cfg.pp_rank}")
+        device_index = rank if launch is None else launch.local_rank
+        self.device = resolve_device(engine_cfg.device, device_index if self.world > 1 else None)
         self.dtype = DTYPES[model_cfg.float_dtype if engine_cfg.dtype == "auto" else engine_cfg.dtype]
-        self.workers: TPWorkers | None = None
+        self.workers: TPWorkers | TorchrunWorkers | None = None
+        self.joined = None  # torchrun: the launcher's store and the control group
         self._joined = False
         reduce = None
-        if self.world > 1:
+        if launch is not None:
+            if rank == 0:
+                for line in layout_lines(model_cfg.num_layer, self.tp, self.pp):
+                    _log.info("%s", line)
+            self.joined = join_torchrun_group(launch, self.device, self.tp, timeout_s())
+            self._joined = True
+            if rank == 0:
+                self.workers = TorchrunWorkers(launch, self.joined)
+            if self.tp > 1:
+                reduce = all_reduce_sum
+        elif self.world > 1:
             if tp_port is None:
                 if rank != 0:
                     raise LmdError(f"tp_rank={engine_cfg.tp_rank}, pp_rank={engine_cfg.pp_rank}: the engine sets "

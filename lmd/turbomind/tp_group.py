@@ -46,7 +46,6 @@ def join_tp_group(rank: int, world: int, port: int, device: torch.device, tp: in
     """`tp` < world: pipeline parallelism, world // tp stages of tp ranks each."""
     import torch.distributed as dist
 
-    global _tp_group
     check_no_tp_group()
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
@@ -58,8 +57,15 @@ def join_tp_group(rank: int, world: int, port: int, device: torch.device, tp: in
         world_size=world,
         timeout=timedelta(seconds=timeout_s()),
     )
-    tp = world if tp is None else tp
-    if tp < world:  # every rank creates every subgroup, in the same order
+    create_tp_groups(rank, world, world if tp is None else tp)
+
+
+def create_tp_groups(rank: int, world: int, tp: int) -> None:
+    """pp > 1: each stage's tensor-parallel subgroup (every rank creates every subgroup, in the same order)."""
+    import torch.distributed as dist
+
+    global _tp_group
+    if tp < world:
         for stage in range(world // tp):
             group = dist.new_group(list(range(stage * tp, (stage + 1) * tp)))
             if stage == rank // tp:
