@@ -151,7 +151,10 @@ class ModelRunner:
         if int8:
             tensors = ws.load_kv_qparams(str(self.device))
             if tensors is not None:
-                static = StaticKVParams.from_tensors(tensors, model_cfg.num_layer, kv_heads, model_cfg.size_per_head,
+                if self.pp > 1:  # this stage's layers, numbered as its cache numbers them
+                    tensors = {f"layers.{int(k.split('.')[1]) - layers.start}.{k.split('.', 2)[2]}": v
+                               for k, v in tensors.items() if int(k.split(".")[1]) in layers}
+                static = StaticKVParams.from_tensors(tensors, len(layers), kv_heads, model_cfg.size_per_head,
                                                      str(ws.kv_qparams_file()))
         self.kv_int8_static = static is not None
         dims = (len(layers), self.block_size, kv_heads, model_cfg.size_per_head)

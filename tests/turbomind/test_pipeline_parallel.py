@@ -121,3 +121,17 @@ def test_a_killed_stage_is_one_clean_error(ws3):
         assert "worker rank 1 (stage 1, tp rank 0) died" in str(engine.last_error)
     finally:
         engine.close()
+
+
+def test_stages_read_their_layers_static_int8_kv_params(ws3, tmp_path):
+    import shutil
+
+    from tests.turbomind.test_tensor_parallel import _write_rank_kv_qparams
+
+    ws = tmp_path / "ws"
+    shutil.copytree(ws3, ws)
+    _write_rank_kv_qparams(ws, tp=1, kv_heads=2, head_dim=32, layers=3)  # different params per layer
+    expected = _runner_logits(ws, quant_policy=4)
+    assert not (expected - _runner_logits(ws3)).abs().max() <= 1e-4 * expected.abs().max()  # int8 KV matters
+    got = _runner_logits(ws, quant_policy=4, pp=2)
+    assert (got - expected).abs().max() <= 1e-5 * expected.abs().max()
