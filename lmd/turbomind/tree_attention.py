@@ -1,0 +1,54 @@
+"""Tree attention (speculative token trees): the dispatch point and its PyTorch reference.
+
+Like paged attention over a flat batch (`forward_batch.ForwardBatch`), except that row j of a sequence's chunk of n
+new tokens sees every cached key before the chunk and the chunk's key i iff bit i of `row_masks[row]` is set (the
+tree's ancestors and itself: `speculative/tree.TokenTree.row_masks`); a chain's masks (2^(j+1) - 1) give the causal
+chunk. The K/V of the chunk are already stored at the sequence's positions [ctx - n, ctx), the tree flattened.
+
+`tree_attention` runs the Triton kernel (`kernels/tree_attention.py`) on CUDA tensors of a float cache, or on CPU
+tensors with LMD_ATTENTION=triton under TRITON_INTERPRET=1, and this reference otherwise (CPU, int8 KV, shapes the
+kernel does not take).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+
+from lmd.turbomind.forward_batch import ForwardBatch
+from lmd.turbomind.kv_cache import KVCache
+
+
+def tree_attention(q: torch.Tensor, cache: KVCache, layer: int, batch: ForwardBatch, row_masks: torch.Tensor,
+                   scale: float) -> torch.Tensor:
+    """q [T, Hq, D] -> [T, Hq, D]; row_masks [T] int64 (on q's device)."""
+    wanted = q.is_cuda or os.environ.get("LMD_ATTENTION") == "triton"
+    if wanted and not cache.int8:
+        from lmd.turbomind.kernels.paged_attention import attention_meta, unsupported_reason
+
+        if unsupported_reason(q, cache.dtype) is None and max(batch.q_lens, default=0) <= 64:
+            from lmd.turbomind.kernels.tree_attention import tree_attention_triton
+
+            meta = attention_meta(batch.q_starts, batch.q_lens, batch.ctx_lens, batch.block_tables, q.device)
+            return tree_attention_triton(q, cache.k[layer], cache.v[layer], meta, row_masks, list(batch.q_lens),
+                                         scale)
+    return tree_attention_reference(q, cache, layer, batch, row_masks, scale)
+
+
+def tree_attention_reference(q: torch.Tensor, cache: KVCache, layer: int, batch: ForwardBatch,
+                             row_masks: torch.Tensor, scale: float) -> torch.Tensor:
+    out = torch.empty_like(q)
+    groups = q.shape[1] // cache.k[layer].shape[2]
+    masks = row_masks.cpu()
+    for start, n, ctx, table in zip(batch.q_starts, batch.q_lens, batch.ctx_lens, batch.block_tables, strict=True):
+        k, v = cache.read(layer, table, ctx)  # [ctx, Hkv, D]
+        bits = masks[start:start + n, None] >> torch.arange(n)[None, :] & 1  # [n rows, n chunk keys]
+        visible = torch.cat([torch.ones(n, ctx - n, dtype=torch.bool), bits.bool()], dim=1).to(q.device)
+        qi = q[start:start + n].transpose(0, 1).float()  # [Hq, n, D]
+        ki = k.transpose(0, 1).repeat_interleave(groups, dim=0).float()
+        vi = v.transpose(0, 1).repeat_interleave(groups, dim=0).float()
+        o = F.scaled_dot_product_attention(qi[None], ki[None], vi[None], attn_mask=visible, scale=scale)[0]
+        out[start:start + n] = o.transpose(0, 1).to(q.dtype)
+    return out
