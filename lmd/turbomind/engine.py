@@ -83,8 +83,6 @@ class Engine:
         ws = workspace if isinstance(workspace, Workspace) else open_workspace(workspace, **overrides)
         if speculative is not None and ws.engine.tp * ws.engine.pp > 1:
             raise LmdError(f"speculative decoding runs on one rank only; got tp={ws.engine.tp}, pp={ws.engine.pp}")
-        if speculative is not None and speculative.tree is not None:
-            raise LmdError("--speculative-tree: token trees are not available yet; draft a chain (leave it out)")
         self.workspace = ws
         self.speculative = speculative
         self.tokenizer = ws.load_tokenizer()
@@ -275,7 +273,9 @@ class Engine:
             self._emit_pending()
             return resolved
         previous = self._inflight
-        logits = self.runner.run(output, None if previous is None else previous.ids)  # CUDA: returns at once
+        ids = None if previous is None else previous.ids
+        logits = (self.runner.run(output, ids) if self.speculator is None  # CUDA: returns at once
+                  else self.speculator.run(self.runner, output, self._states, ids))
         self.scheduler.complete_step(output)
         self._counts["steps"] += 1
         self._counts["computed_tokens"] += output.num_tokens
@@ -329,7 +329,9 @@ class Engine:
             if state.finished:  # ended (stop string, abort, the step before) while this token was computed: dropped
                 continue
             if drafts:
-                self._accept_verified(state, rows[i - 1 - len(drafts):i], drafts)
+                path, kept = self.speculator.verified_rows(state, rows[i - 1 - len(drafts):i], drafts,  # type: ignore[union-attr]
+                                                           self.runner.cache)
+                self._accept_verified(state, path, kept, len(drafts))
                 continue
             finish = state.accept(token)
             self.block_manager.commit_full_blocks(seq)  # a block its id completes (its KV is in the cache)
@@ -387,7 +389,7 @@ class Engine:
         return states, logits[to_device(sample_rows, torch.int64, logits.device)], prompt, owners, drafts
 
     def _accept_verified(self, state: RequestState, rows: list[tuple[Any, int, Any, Any]],
-                         drafts: tuple[int, ...]) -> None:
+                         drafts: tuple[int, ...], proposed: int) -> None:
         """A verification's tokens: row j's token is accepted while every earlier row's token equals the proposal
         that follows it (the longest matching prefix, then the target's own token). Each one goes through the stop
         checks and the text at once, so a stop token, stop string or length ends it exactly where plain decoding
@@ -410,7 +412,7 @@ class Engine:
             if j == len(drafts) or token != drafts[j]:
                 break
             accepted += 1
-        self.speculator.record(state, len(drafts), accepted)  # type: ignore[union-attr]
+        self.speculator.record(state, proposed, accepted)  # type: ignore[union-attr]
         if not state.finished:
             self.block_manager.trim(seq, len(seq.token_ids))
 

@@ -28,6 +28,7 @@ class ForwardBatch:
     block_tables: tuple[torch.Tensor, ...]  # each [ceil(ctx_len / block_size)] int64, on the host (built) or device
     logit_indices: torch.Tensor  # [R] rows of the flat batch whose logits are wanted
     attention_meta: object | None = None  # prebuilt device metadata of the attention kernels (decode graphs)
+    tree: object | None = None  # speculative token trees: tree_attention.TreeRows of the chunks that are trees
 
     @property
     def num_tokens(self) -> int:

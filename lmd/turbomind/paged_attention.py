@@ -39,8 +39,14 @@ def paged_attention(
     `fused` (config.ini use_context_fmha) picks SDPA / the Triton kernel; False runs the explicit softmax path.
     A shape or device the kernel does not take (e.g. head dim 80, CPU without the interpreter) runs the reference."""
     if triton_attention_runs(q, cache, fused):
-        return _run_kernels(_kernels(), q, cache, layer, batch, scale)
-    return paged_attention_reference(q, cache, layer, batch, scale, fused)
+        out = _run_kernels(_kernels(), q, cache, layer, batch, scale)
+    else:
+        out = paged_attention_reference(q, cache, layer, batch, scale, fused)
+    if batch.tree is not None:  # token-tree chunks (speculative decoding): their rows again, with the tree mask
+        from lmd.turbomind.tree_attention import with_tree_rows
+
+        out = with_tree_rows(out, q, cache, layer, batch, scale)
+    return out
 
 
 def triton_attention_runs(q: torch.Tensor, cache: KVCache, fused: bool = True) -> bool:

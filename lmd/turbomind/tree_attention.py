@@ -12,13 +12,53 @@ kernel does not take).
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from lmd.turbomind.forward_batch import ForwardBatch
+from lmd.turbomind.kernels.host_copy import to_device
 from lmd.turbomind.kv_cache import KVCache
+
+
+@dataclass(frozen=True)
+class TreeRows:
+    """The chunks of a batch that are token trees (`ForwardBatch.tree`): their rows of the flat batch, and a
+    sub-batch of those sequences alone (their rows renumbered from 0) with each row's mask."""
+
+    index: torch.Tensor  # [R] int64: the rows, on the device
+    masks: torch.Tensor  # [R] int64
+    q_starts: tuple[int, ...]
+    q_lens: tuple[int, ...]
+    ctx_lens: tuple[int, ...]
+    block_tables: tuple[torch.Tensor, ...]
+
+    @classmethod
+    def of(cls, batch: ForwardBatch, trees: dict[int, list[int]]) -> TreeRows:
+        """trees: batch sequence index -> the row masks of its chunk (as long as the chunk)."""
+        rows, masks, starts = [], [], []
+        for i, chunk_masks in sorted(trees.items()):
+            starts.append(len(rows))
+            rows += range(batch.q_starts[i], batch.q_starts[i] + batch.q_lens[i])
+            masks += chunk_masks
+        seqs = sorted(trees)
+        device = batch.input_ids.device
+        return cls(to_device(rows, torch.int64, device), to_device(masks, torch.int64, device), tuple(starts),
+                   tuple(batch.q_lens[i] for i in seqs), tuple(batch.ctx_lens[i] for i in seqs),
+                   tuple(batch.block_tables[i] for i in seqs))
+
+
+def with_tree_rows(out: torch.Tensor, q: torch.Tensor, cache: KVCache, layer: int, batch: ForwardBatch,
+                   scale: float) -> torch.Tensor:
+    """`out` of the causal attention with the rows of the batch's tree chunks replaced by their tree attention."""
+    tree: TreeRows = batch.tree  # type: ignore[assignment]
+    sub = dataclasses.replace(batch, q_starts=tree.q_starts, q_lens=tree.q_lens, ctx_lens=tree.ctx_lens,
+                              block_tables=tree.block_tables, attention_meta=None, tree=None)
+    out[tree.index] = tree_attention(q[tree.index], cache, layer, sub, tree.masks, scale)
+    return out
 
 
 def tree_attention(q: torch.Tensor, cache: KVCache, layer: int, batch: ForwardBatch, row_masks: torch.Tensor,

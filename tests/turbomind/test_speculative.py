@@ -94,10 +94,15 @@ def test_config_checks():
         parse_tree("2-4")
     with pytest.raises(LmdError, match="needs --speculative-model"):
         SpeculativeConfig("draft")
-    with pytest.raises(LmdError, match="need --speculative-method draft"):
+    with pytest.raises(LmdError, match="needs --speculative-method draft"):
         SpeculativeConfig("ngram", model="ws")
     with pytest.raises(LmdError, match="unknown"):
         SpeculativeConfig("medusa")
+    assert SpeculativeConfig("ngram", tree=(2, 3)).num_speculative_tokens == 3  # a tree's depth is its K
+    with pytest.raises(LmdError, match="a tree's depth is its proposal length"):
+        SpeculativeConfig("ngram", 5, tree=(2, 3))
+    with pytest.raises(LmdError, match="at most 63 tree tokens"):
+        SpeculativeConfig("ngram", tree=(8, 8))
 
 
 def _greedy_configs(reference_texts=None) -> list[GenerationConfig]:
@@ -157,8 +162,6 @@ def test_refused_combinations(tiny_llama_ws):
     engine = Engine(tiny_llama_ws[1], start=False, speculative=NGRAM, cache_max_entry_count=16)
     with pytest.raises(LmdError, match="one sample per prompt"):
         engine.generate_samples([1, 2, 3], GenerationConfig(n=2, temperature=1.0))
-    with pytest.raises(LmdError, match="not available yet"):
-        Engine(tiny_llama_ws[1], start=False, speculative=SpeculativeConfig("draft", model="x", tree=(2, 2)))
 
 
 def test_flags_and_counters_reach_options_metrics_and_reports():

@@ -107,17 +107,19 @@ def _counts(engine: Engine, prompt: list[int], seeds: range) -> tuple[dict, list
     return counts, outputs
 
 
-@pytest.mark.parametrize("method", ["ngram", "draft"])
+@pytest.mark.parametrize("method", ["ngram", "draft", "ngram-tree", "draft-tree"])
 def test_sampled_continuations_keep_the_target_distribution(small_vocab, tmp_path, method):
-    """Three-token continuations (the first from the prefill, the others possibly verified): with speculation and
-    without, each fits the exact distribution (chi-square, p > 0.001), while proposals were accepted and rejected."""
+    """Four-token continuations (the first from the prefill, the others possibly verified; chains, or 3x3 token
+    trees by SpecInfer's rule): with speculation and without, each fits the exact distribution (chi-square,
+    p > 0.001), while proposals were accepted and rejected."""
     src, ws, prompt = small_vocab
     options = dict(start=False, cache_block_seq_len=4, max_context_token_num=1024, cache_max_entry_count=1024,
                    max_batch_size=128)
-    if method == "ngram":
-        spec = SpeculativeConfig("ngram", num_speculative_tokens=3, prompt_lookup_min=1)
+    tree = (3, 3) if method.endswith("-tree") else None
+    if method.startswith("ngram"):
+        spec = SpeculativeConfig("ngram", num_speculative_tokens=3, prompt_lookup_min=1, tree=tree)
     else:  # the first layer and the head: a q unlike p
-        spec = SpeculativeConfig("draft", 3, model=str(first_layers_workspace(ws, 1, tmp_path / "draft")))
+        spec = SpeculativeConfig("draft", 3, model=str(first_layers_workspace(ws, 1, tmp_path / "draft")), tree=tree)
     exact = _exact(src, prompt, GenerationConfig(**CONFIG))
     assert sum(exact.values()) == pytest.approx(1.0, abs=1e-6)
     engine = Engine(ws, speculative=spec, **options)

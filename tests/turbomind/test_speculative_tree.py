@@ -7,8 +7,12 @@ import pytest
 import torch
 
 from lmd.errors import LmdError
+from lmd.turbomind.gen_config import GenerationConfig
 from lmd.turbomind.sampler import draw
+from lmd.turbomind.speculative.config import SpeculativeConfig
+from lmd.turbomind.speculative.layer_draft import first_layers_workspace
 from lmd.turbomind.speculative.tree import TokenTree, greedy_path, sampled_path
+from tests.turbomind.test_speculative import _greedy_configs, _run, _text, _tokens
 
 
 def test_tree_from_chains_masks_and_positions():
@@ -97,3 +101,45 @@ def test_sampled_path_keeps_the_target_distribution(draft):
         n = second[a].sum()
         if n > 1000:
             assert 0.5 * (second[a] / n - p[(a,)]).abs().sum() < 0.06, a
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft", "self-draft"])
+def test_greedy_tree_streams_equal_plain_decoding(tiny_llama_ws, tmp_path, method):
+    """Trees verified in one forward with the tree mask: the streams are plain greedy's (stop strings, logprobs,
+    penalties, one at a time and batched) and the pools full again. The self-draft (the model itself) has every
+    chain accepted, whose nodes sit after their depth's alternatives: each verification attends past siblings and
+    moves the kept path's K/V, which the next step reads."""
+
+    ws = tiny_llama_ws[1]
+    if method == "ngram":
+        spec = SpeculativeConfig("ngram", tree=(3, 3), prompt_lookup_min=1)
+    else:
+        layers = 1 if method == "draft" else 2
+        spec = SpeculativeConfig("draft", model=str(first_layers_workspace(ws, layers, tmp_path / "draft")),
+                                 tree=(3, 3))
+    free, _ = _run(ws, _greedy_configs())
+    configs = _greedy_configs([_text(d) for d in free])
+    for one in (True, False):
+        plain, _ = _run(ws, configs, one_at_a_time=one)
+        ours, stats = _run(ws, configs, spec, one_at_a_time=one)
+        assert [_tokens(d) for d in ours] == [_tokens(d) for d in plain]
+        assert [_text(d) for d in ours] == [_text(d) for d in plain]
+        lp_ours = [x for d in ours[1] for x in d[3]]
+        lp_plain = [x for d in plain[1] for x in d[3]]
+        assert lp_ours == pytest.approx(lp_plain, abs=1e-4)
+        assert 0 < stats.spec_accepted_tokens < stats.spec_proposed_tokens
+        if method == "self-draft":  # the chains' nodes (3 of the 9 of a 3x3 tree), a penalised request aside
+            assert stats.spec_accepted_tokens >= 0.25 * stats.spec_proposed_tokens
+
+
+def test_tree_with_preemption_and_abort(tiny_llama_ws, tmp_path):
+
+    ws = tiny_llama_ws[1]
+    spec = SpeculativeConfig("draft", model=str(first_layers_workspace(ws, 2, tmp_path / "draft")), tree=(2, 3))
+    configs = [GenerationConfig(max_new_tokens=18, temperature=0, ignore_eos=True) for _ in range(6)]
+    small = dict(cache_max_entry_count=40)  # 160 tokens of KV for six requests of up to 57: preemption
+    plain, _ = _run(ws, configs, **small)
+    ours, stats = _run(ws, configs, spec, abort_at=4, **small)
+    assert stats.preemptions > 0 and stats.spec_accepted_tokens > 0 and ours[2][-1][2] == "abort"
+    assert _tokens(ours[2]) == _tokens(plain[2])[:len(_tokens(ours[2]))]
+    assert all(_tokens(d) == _tokens(plain[i]) for i, d in enumerate(ours) if i != 2)

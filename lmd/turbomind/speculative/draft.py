@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -24,12 +25,22 @@ from lmd.errors import LmdError
 from lmd.turbomind.block_manager import BlockManager
 from lmd.turbomind.kernels.host_copy import to_device
 from lmd.turbomind.model_runner import ModelRunner
-from lmd.turbomind.sampler import Sampler, SamplingRow, draw, sampling_probs
+from lmd.turbomind.sampler import Sampler, SamplingRow, draw, processed_logits, sampling_probs
 from lmd.turbomind.sequence import Sequence
 from lmd.turbomind.workspace import Workspace, open_workspace
 
 # a request's sampling row after these proposals (its penalties and min_new_tokens count them as generated)
 RowOf = Callable[[tuple[int, ...]], SamplingRow]
+
+
+@dataclass
+class DraftChain:
+    tokens: list[int] = field(default_factory=list)  # the chain proposed
+    candidates: list[list[int]] = field(default_factory=list)  # per depth: the chain's token, then the alternatives
+    probs: list[torch.Tensor] = field(default_factory=list)  # per depth: q, for a sampled request
+
+    def q(self) -> torch.Tensor | None:
+        return torch.stack(self.probs) if self.probs else None
 
 
 class DraftProposer:
@@ -48,10 +59,10 @@ class DraftProposer:
         self.block_manager = BlockManager(self.runner.num_blocks, cfg.cache_block_seq_len, enable_caching=False)
         self._seqs: dict[int, Sequence] = {}
 
-    def propose(self, requests: list[tuple[Sequence, int, RowOf]],
-                sampler: Sampler) -> dict[int, tuple[list[int], torch.Tensor | None]]:
-        """Chains of k tokens after each target sequence's known tokens: seq_id -> (proposals, the [k, vocab]
-        distributions they were drawn from, or None for a greedy request)."""
+    def propose(self, requests: list[tuple[Sequence, int, RowOf]], sampler: Sampler,
+                branch: int = 1) -> dict[int, DraftChain]:
+        """Chains of k tokens after each target sequence's known tokens, with `branch` candidates per depth (token
+        trees: the chain's token first), seq_id -> DraftChain."""
         batch: list[tuple[Sequence, int, RowOf]] = []
         for target, k, row_of in requests:
             seq = self._seqs.setdefault(target.seq_id, Sequence(target.seq_id, []))
@@ -60,29 +71,29 @@ class DraftProposer:
             new = len(seq.token_ids) - seq.num_computed_tokens
             if self.block_manager.append_slots(seq, new + k - 1):  # KV of the tokens fed: all but the last proposal
                 batch.append((seq, k, row_of))
-        out: dict[int, list[int]] = {seq.seq_id: [] for seq, _, _ in batch}
-        probs: dict[int, list[torch.Tensor]] = {seq.seq_id: [] for seq, _, _ in batch}
+        out = {seq.seq_id: DraftChain() for seq, _, _ in batch}
         chunks = [(seq.token_ids[seq.num_computed_tokens:], seq.num_computed_tokens, seq.block_table)
                   for seq, _, _ in batch]
         for step in range(max((k for _, k, _ in batch), default=0)):
             positions = [end - 1 for end in itertools.accumulate(len(ids) for ids, _, _ in chunks)]
             raw = self.runner.run_chunks(chunks, positions).float()
-            rows = [row_of(tuple(out[seq.seq_id])) for seq, _, row_of in batch]
-            tokens, q = _choose(sampler, raw, rows)
+            rows = [row_of(tuple(out[seq.seq_id].tokens)) for seq, _, row_of in batch]
+            candidates, q = _choose(sampler, raw, rows, branch)
             next_chunks, next_batch = [], []
-            for i, ((seq, k, row_of), (ids, start, table), token) in enumerate(zip(batch, chunks, tokens.tolist(),
-                                                                                   strict=True)):
+            for i, ((seq, k, row_of), (ids, start, table)) in enumerate(zip(batch, chunks, strict=True)):
+                token = candidates[i][0]
                 seq.num_computed_tokens = start + len(ids)
                 seq.token_ids.append(token)
-                out[seq.seq_id].append(token)
+                chain = out[seq.seq_id]
+                chain.tokens.append(token)
+                chain.candidates.append(candidates[i])
                 if q is not None and not rows[i].config.is_greedy:
-                    probs[seq.seq_id].append(q[i])
+                    chain.probs.append(q[i])
                 if step + 1 < k:
                     next_chunks.append(([token], seq.num_computed_tokens, table))
                     next_batch.append((seq, k, row_of))
             chunks, batch = next_chunks, next_batch
-        return {seq_id: (tokens, torch.stack(probs[seq_id]) if probs[seq_id] else None)
-                for seq_id, tokens in out.items()}
+        return out
 
     def release(self, seq_id: int) -> None:
         seq = self._seqs.pop(seq_id, None)
@@ -101,21 +112,30 @@ def _shared_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def _choose(sampler: Sampler, raw: torch.Tensor, rows: list[SamplingRow]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Greedy rows: the sampler's argmax; sampled rows: a draw from q, their processed distribution (returned; the
-    greedy rows' left 0)."""
-    sampled = [i for i, row in enumerate(rows) if not row.config.is_greedy]
-    if not sampled:
-        return sampler.choose(raw, rows), None
+def _choose(sampler: Sampler, raw: torch.Tensor, rows: list[SamplingRow],
+            branch: int) -> tuple[list[list[int]], torch.Tensor | None]:
+    """Each row's `branch` candidates, the chain's token first: greedy rows the top of the processed logits (the
+    argmax first), sampled rows i.i.d. draws from q, their processed distribution (returned; greedy rows' left 0)."""
     device = raw.device
-    tokens = torch.empty(len(rows), dtype=torch.long, device=device)
+    sampled = [i for i, row in enumerate(rows) if not row.config.is_greedy]
     greedy = [i for i, row in enumerate(rows) if row.config.is_greedy]
+    out: list[list[int]] = [[] for _ in rows]
     if greedy:
         index = to_device(greedy, torch.int64, device)
-        tokens[index] = sampler.choose(raw[index], [rows[i] for i in greedy])
+        picked = [rows[i] for i in greedy]
+        if branch == 1:
+            top = sampler.choose(raw[index], picked).unsqueeze(1)
+        else:
+            top = processed_logits(raw[index], picked).topk(branch, dim=-1).indices
+        for i, ids in zip(greedy, top.tolist(), strict=True):
+            out[i] = ids
+    if not sampled:
+        return out, None
     index = to_device(sampled, torch.int64, device)
     picked = [rows[i] for i in sampled]
     q = torch.zeros_like(raw)
     q[index] = sampling_probs(raw[index], picked)
-    tokens[index] = draw(q[index], sampler.uniforms(picked, device))
-    return tokens, q
+    draws = torch.stack([draw(q[index], sampler.uniforms(picked, device)) for _ in range(branch)], dim=1)
+    for i, ids in zip(sampled, draws.tolist(), strict=True):
+        out[i] = ids
+    return out, q

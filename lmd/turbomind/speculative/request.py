@@ -21,6 +21,8 @@ from lmd.turbomind.speculative.ngram import NgramIndex
 if TYPE_CHECKING:
     import torch
 
+    from lmd.turbomind.speculative.tree import TreeProposal
+
 MAX_SKIP = 16
 
 
@@ -30,6 +32,7 @@ class SpeculativeRequest:
         self.k = self.max_k  # the next proposal's length
         self.index = NgramIndex(config.prompt_lookup_min, config.prompt_lookup_max)
         self.draft_probs: torch.Tensor | None = None  # a draft model's q of the sampled proposals being verified
+        self.tree: TreeProposal | None = None  # the token tree proposed this step (--speculative-tree)
         self._skip = 0  # plain steps left before the next proposal
         self._backoff = 1
 

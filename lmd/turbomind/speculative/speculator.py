@@ -12,12 +12,20 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from lmd.turbomind.sampler import PendingSample, Sampler, SamplingRow
+from lmd.turbomind.sampler import PendingSample, Sampler, SamplingRow, pending_sample
 from lmd.turbomind.speculative.config import SpeculativeConfig
-from lmd.turbomind.speculative.verify import SampledVerification, launch_with_verifications
+from lmd.turbomind.speculative.tree import TokenTree, TreeProposal, draft_tree
+from lmd.turbomind.speculative.tree_step import move_kept_kv, run_with_trees
+from lmd.turbomind.speculative.tree_verify import choose as choose_tree
+from lmd.turbomind.speculative.tree_verify import tree_rows
+from lmd.turbomind.speculative.verify import SampledVerification, choose_with_verifications
 
 if TYPE_CHECKING:
+    from lmd.turbomind.forward_batch import InflightIds
+    from lmd.turbomind.kv_cache import KVCache
+    from lmd.turbomind.model_runner import ModelRunner
     from lmd.turbomind.request_state import RequestState
+    from lmd.turbomind.scheduler import SchedulerOutput
     from lmd.turbomind.sequence import Sequence
     from lmd.turbomind.speculative.draft import DraftProposer
     from lmd.turbomind.workspace import Workspace
@@ -37,49 +45,107 @@ class Speculator:
 
     def propose(self, running: list[Sequence], states: dict[int, RequestState], max_len: int,
                 sampler: Sampler) -> list[Sequence]:
-        """Proposals (`Sequence.draft_token_ids`) for the decoding speculating sequences, from their known tokens
-        only (their steps are not overlapped, so none has a token in flight); at most what max_tokens leave after
-        the verification's own token, so no verification overshoots. The sequences that got some."""
+        """Proposals (`Sequence.draft_token_ids`: a chain, or a token tree's nodes parents first) for the decoding
+        speculating sequences, from their known tokens only (their steps are not overlapped, so none has a token in
+        flight); at most what max_tokens leave after the verification's own token, so no verification overshoots.
+        The sequences that got some."""
         wanted = []
         for seq in running:
             state = states.get(seq.seq_id)
             if state is None or state.speculative is None or seq.num_inflight or seq.num_uncomputed != 1:
                 continue
+            state.speculative.tree = None
             room = min(seq.max_num_tokens, max_len) - len(seq.token_ids) - 1
             k = state.speculative.budget(room)
             if k:
                 wanted.append((seq, k, state))
+        branch = 1 if self.config.tree is None else self.config.tree[0]
         if self.drafter is not None:
-            drafts = self.drafter.propose([(seq, k, state.sampling_row) for seq, k, state in wanted], sampler)
+            drafts = self.drafter.propose([(seq, k, state.sampling_row) for seq, k, state in wanted], sampler, branch)
             for seq, _, state in wanted:
-                seq.draft_token_ids, state.speculative.draft_probs = drafts.get(seq.seq_id, ([], None))  # type: ignore[union-attr]
+                chain = drafts.get(seq.seq_id)
+                spec = state.speculative
+                if chain is None:
+                    seq.draft_token_ids = []
+                elif self.config.tree is None:
+                    seq.draft_token_ids, spec.draft_probs = chain.tokens, chain.q()  # type: ignore[union-attr]
+                else:
+                    tree, trials, depth_of = draft_tree(chain.candidates)
+                    spec.tree = TreeProposal(tree, trials, depth_of, chain.q())  # type: ignore[union-attr]
+                    seq.draft_token_ids = list(tree.tokens)
         else:
             for seq, k, state in wanted:
-                seq.draft_token_ids = state.speculative.index.propose(seq.token_ids, k)  # type: ignore[union-attr]
+                index = state.speculative.index  # type: ignore[union-attr]
+                if self.config.tree is None:
+                    seq.draft_token_ids = index.propose(seq.token_ids, k)
+                    continue
+                tree = TokenTree.from_chains(index.propose_many(seq.token_ids, k, branch))
+                seq.draft_token_ids = list(tree.tokens)
+                state.speculative.tree = TreeProposal(tree) if len(tree) else None  # type: ignore[union-attr]
         return [seq for seq, _, _ in wanted if seq.draft_token_ids]
+
+    def run(self, runner: ModelRunner, output: SchedulerOutput, states: dict[int, RequestState],
+            inflight: InflightIds | None) -> torch.Tensor:
+        """The step's forward: with the tree mask where a chunk verifies a token tree (cut to what was scheduled)."""
+        trees = {}
+        for chunk in output.chunks:
+            state = states.get(chunk.seq_id)
+            proposal = None if state is None or state.speculative is None else state.speculative.tree
+            if chunk.num_draft and proposal is not None:
+                proposal.cut(chunk.num_draft)
+                trees[chunk.seq_id] = proposal.tree
+        if not trees:
+            return runner.run(output, inflight)
+        return run_with_trees(runner, output, trees, inflight)
 
     def launch(self, sampler: Sampler, logits: torch.Tensor, states: list[RequestState],
                drafts: dict[int, tuple[int, ...]]) -> PendingSample:
-        """The step's samples; row j of a verification sees the first j proposals as its context, and the rows of a
-        sampled request's verification are decided by rejection sampling (`verify.py`)."""
+        """The step's samples. A chain's row j sees the first j proposals as its context, and the rows of a sampled
+        request's chain are decided by rejection sampling (`verify.py`); a tree's rows see their paths, and its
+        path is decided here (`tree_verify.py`)."""
         rows: list[SamplingRow] = []
         verifications: list[SampledVerification] = []
-        previous, j = None, 0
-        for i, state in enumerate(states):
-            j = j + 1 if state is previous else 0
-            previous = state
+        trees: list[tuple[int, TreeProposal]] = []
+        i = 0
+        while i < len(states):
+            state = states[i]
             proposals = drafts.get(state.seq.seq_id, ())
-            rows.append(state.sampling_row(proposals[:j]))
-            if j == 0 and proposals and not state.config.is_greedy:
-                verifications.append(SampledVerification(i, proposals, state.speculative.draft_probs))  # type: ignore[union-attr]
-        return launch_with_verifications(sampler, logits, rows, verifications)
+            proposal = state.speculative.tree if state.speculative is not None else None
+            if proposals and proposal is not None:
+                trees.append((i, proposal))
+                rows += tree_rows(state, proposal.tree)
+            else:
+                rows += [state.sampling_row(proposals[:j]) for j in range(len(proposals) + 1)]
+                if proposals and not state.config.is_greedy:
+                    verifications.append(SampledVerification(i, proposals, state.speculative.draft_probs))  # type: ignore[union-attr]
+            i += 1 + len(proposals)
+        raw = logits.float()
+        skip = {first + j for first, proposal in trees for j in range(len(proposal.tree) + 1)}
+        chosen = choose_with_verifications(sampler, raw, rows, verifications, skip)
+        for first, proposal in trees:
+            width = len(proposal.tree) + 1
+            picked = choose_tree(sampler, raw[first:first + width], rows[first:first + width], proposal)
+            chosen[first:first + width] = torch.tensor(picked, device=chosen.device)
+        return pending_sample(raw, chosen, rows)
+
+    def verified_rows(self, state: RequestState, rows: list, drafts: tuple[int, ...],
+                      cache: KVCache) -> tuple[list, tuple[int, ...]]:
+        """A verification's rows and proposals as a chain: a tree's kept path (its K/V moved after the root)."""
+        proposal = state.speculative.tree  # type: ignore[union-attr]
+        if proposal is None:
+            return rows, drafts
+        kept = proposal.kept or []
+        root = len(state.seq.token_ids) - 1
+        move_kept_kv(cache, state.seq.block_table, root, kept)
+        path = [rows[0]] + [rows[node + 1] for node in kept]
+        return path, tuple(proposal.tree.tokens[node] for node in kept)
 
     def record(self, state: RequestState, proposed: int, accepted: int) -> None:
         self.counts["spec_verifications"] += 1
         self.counts["spec_proposed_tokens"] += proposed
         self.counts["spec_accepted_tokens"] += accepted
         state.speculative.record(proposed, accepted)  # type: ignore[union-attr]
-        state.speculative.draft_probs = None  # type: ignore[union-attr]
+        state.speculative.draft_probs = state.speculative.tree = None  # type: ignore[union-attr]
 
     def release(self, seq_id: int) -> None:
         if self.drafter is not None:

@@ -80,11 +80,12 @@ class TokenTree:
         return tuple(tuple(c) for c in out)
 
     def row_masks(self) -> list[int]:
-        """Per chunk row, the bits of the chunk rows it attends to (the root, its ancestors, itself)."""
+        """Per chunk row, the bits of the chunk rows it attends to (the root, its ancestors, itself), as int64 values
+        (bit 63 is the sign: a 64-row tree's last row is negative)."""
         masks = [1]
         for i, parent in enumerate(self.parents):
             masks.append(masks[parent + 1] | 1 << (i + 1))
-        return masks
+        return [m - (1 << 64) if m >> 63 else m for m in masks]
 
     def positions(self, root_position: int) -> list[int]:
         return [root_position] + [root_position + d for d in self.depths]
@@ -137,3 +138,44 @@ def sampled_path(tree: TokenTree, p: torch.Tensor, q: Callable[[int], torch.Tens
             return kept, draw(target)
         kept.append(accepted)
         row = accepted + 1
+
+
+def draft_tree(candidates: list[list[int]]) -> tuple[TokenTree, dict[int, list[int]], dict[int, int]]:
+    """The tree of a draft chain with its candidates per depth (the chain's token first; only it is expanded):
+    the tree, each expanded row's children in the order drawn (repeats kept: `sampled_path`'s trials), and the
+    depth index of each expanded row (which of the chain's q judged its children)."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    trials: dict[int, list[int]] = {}
+    depth_of: dict[int, int] = {}
+    parent = -1
+    for depth, drawn in enumerate(candidates):
+        nodes: dict[int, int] = {}
+        for token in drawn:
+            if token not in nodes:
+                nodes[token] = len(tokens)
+                tokens.append(token)
+                parents.append(parent)
+        trials[parent + 1] = [nodes[t] for t in drawn]
+        depth_of[parent + 1] = depth
+        parent = nodes[drawn[0]]
+    return TokenTree(tuple(tokens), tuple(parents)), trials, depth_of
+
+
+def prefix(tree: TokenTree, nodes: int) -> TokenTree:
+    """The first `nodes` nodes (the scheduler may cut a chunk's proposals short): still a tree, parents first."""
+    return tree if nodes >= len(tree) else TokenTree(tree.tokens[:nodes], tree.parents[:nodes])
+
+
+@dataclass
+class TreeProposal:
+    tree: TokenTree
+    trials: dict[int, list[int]] | None = None  # a draft tree's children per row in the order drawn; None: in order
+    depth_of: dict[int, int] | None = None  # a draft tree's expanded rows -> their depth (index of q)
+    q: torch.Tensor | None = None  # [depth, vocab]: a sampled draft tree's distributions
+    kept: list[int] | None = None  # set by tree_verify.choose: the nodes of the path kept
+
+    def cut(self, nodes: int) -> None:
+        self.tree = prefix(self.tree, nodes)
+        if self.trials is not None:
+            self.trials = {row: [n for n in order if n < nodes] for row, order in self.trials.items() if row <= nodes}

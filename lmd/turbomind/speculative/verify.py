@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from lmd.turbomind.kernels.host_copy import to_device
-from lmd.turbomind.sampler import PendingSample, Sampler, SamplingRow, draw, pending_sample, sampling_probs
+from lmd.turbomind.sampler import Sampler, SamplingRow, draw, sampling_probs
 
 
 @dataclass(frozen=True)
@@ -49,21 +49,22 @@ def rejection_tokens(p: torch.Tensor, proposals: torch.Tensor, q: torch.Tensor, 
     return torch.where(accepted, proposals, draw(residual, draw_u))
 
 
-def launch_with_verifications(sampler: Sampler, logits: torch.Tensor, rows: list[SamplingRow],
-                              verifications: list[SampledVerification]) -> PendingSample:
-    """The step's samples: verifications of sampled requests by rejection sampling, every other row (plain rows,
-    greedy verifications) by the sampler."""
-    raw = logits.float()
+def choose_with_verifications(sampler: Sampler, raw: torch.Tensor, rows: list[SamplingRow],
+                              verifications: list[SampledVerification], skip: set[int]) -> torch.Tensor:
+    """The step's tokens: verifications of sampled requests by rejection sampling, every other row (plain rows,
+    greedy verifications) by the sampler; rows in `skip` (token trees: the caller's) are left 0."""
     device = raw.device
+    chosen = torch.zeros(len(rows), dtype=torch.long, device=device)
     verified = [v.first_row + j for v in verifications for j in range(len(v.proposals) + 1)]
-    if not verified:
-        return pending_sample(raw, sampler.choose(raw, rows), rows)
-    chosen = torch.empty(len(rows), dtype=torch.long, device=device)
-    taken = set(verified)
+    taken = set(verified) | skip
     others = [i for i in range(len(rows)) if i not in taken]
+    if len(others) == len(rows):
+        return sampler.choose(raw, rows)
     if others:
         index = to_device(others, torch.int64, device)
         chosen[index] = sampler.choose(raw[index], [rows[i] for i in others])
+    if not verified:
+        return chosen
     index = to_device(verified, torch.int64, device)
     picked = [rows[i] for i in verified]
     p = sampling_probs(raw[index], picked)
@@ -80,4 +81,4 @@ def launch_with_verifications(sampler: Sampler, logits: torch.Tensor, rows: list
     accept_u = sampler.uniforms(picked, device)
     draw_u = sampler.uniforms(picked, device)
     chosen[index] = rejection_tokens(p, to_device(proposals, torch.int64, device), q, accept_u, draw_u)
-    return pending_sample(raw, chosen, rows)
+    return chosen
