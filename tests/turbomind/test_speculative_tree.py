@@ -132,6 +132,17 @@ def test_greedy_tree_streams_equal_plain_decoding(tiny_llama_ws, tmp_path, metho
             assert stats.spec_accepted_tokens >= 0.25 * stats.spec_proposed_tokens
 
 
+def test_tree_with_online_int8_kv(tiny_llama_ws, tmp_path):
+    """quant_policy 4: the kept path's codes and their (scale, zero) move together; streams equal plain int8's."""
+    ws = tiny_llama_ws[1]
+    spec = SpeculativeConfig("draft", model=str(first_layers_workspace(ws, 2, tmp_path / "draft")), tree=(2, 3))
+    configs = [GenerationConfig(max_new_tokens=14, temperature=0, ignore_eos=True) for _ in range(3)]
+    plain, _ = _run(ws, configs, quant_policy=4)
+    ours, stats = _run(ws, configs, spec, quant_policy=4)
+    assert [_tokens(d) for d in ours] == [_tokens(d) for d in plain]
+    assert stats.spec_accepted_tokens > 0
+
+
 def test_tree_with_preemption_and_abort(tiny_llama_ws, tmp_path):
 
     ws = tiny_llama_ws[1]
