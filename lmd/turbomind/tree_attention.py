@@ -5,21 +5,21 @@ new tokens sees every cached key before the chunk and the chunk's key i iff bit 
 tree's ancestors and itself: `speculative/tree.TokenTree.row_masks`); a chain's masks (2^(j+1) - 1) give the causal
 chunk. The K/V of the chunk are already stored at the sequence's positions [ctx - n, ctx), the tree flattened.
 
-`tree_attention` runs the Triton kernel (`kernels/tree_attention.py`) on CUDA tensors of a float cache, or on CPU
-tensors with LMD_ATTENTION=triton under TRITON_INTERPRET=1, and this reference otherwise (CPU, int8 KV, shapes the
-kernel does not take).
+`tree_attention` runs the Triton kernel (`kernels/tree_attention.py`) where paged attention would run its kernels
+(LMD_ATTENTION: CUDA tensors by default, CPU tensors with `triton` under TRITON_INTERPRET=1) on a float cache, and
+this reference otherwise (CPU, int8 KV, `reference`, shapes the kernel does not take).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from lmd.turbomind.forward_batch import ForwardBatch
+from lmd.turbomind.kernel_choice import triton_module, triton_requested
 from lmd.turbomind.kernels.host_copy import to_device
 from lmd.turbomind.kv_cache import KVCache
 
@@ -64,16 +64,12 @@ def with_tree_rows(out: torch.Tensor, q: torch.Tensor, cache: KVCache, layer: in
 def tree_attention(q: torch.Tensor, cache: KVCache, layer: int, batch: ForwardBatch, row_masks: torch.Tensor,
                    scale: float) -> torch.Tensor:
     """q [T, Hq, D] -> [T, Hq, D]; row_masks [T] int64 (on q's device)."""
-    wanted = q.is_cuda or os.environ.get("LMD_ATTENTION") == "triton"
-    if wanted and not cache.int8:
-        from lmd.turbomind.kernels.paged_attention import attention_meta, unsupported_reason
-
-        if unsupported_reason(q, cache.dtype) is None and max(batch.q_lens, default=0) <= 64:
-            from lmd.turbomind.kernels.tree_attention import tree_attention_triton
-
-            meta = attention_meta(batch.q_starts, batch.q_lens, batch.ctx_lens, batch.block_tables, q.device)
-            return tree_attention_triton(q, cache.k[layer], cache.v[layer], meta, row_masks, list(batch.q_lens),
-                                         scale)
+    kernels = triton_module("tree_attention") if triton_requested(q, "LMD_ATTENTION") and not cache.int8 else None
+    if kernels is not None and kernels.unsupported_reason(q, cache.dtype) is None \
+            and max(batch.q_lens, default=0) <= kernels.MAX_TREE_ROWS:
+        meta = kernels.attention_meta(batch.q_starts, batch.q_lens, batch.ctx_lens, batch.block_tables, q.device)
+        return kernels.tree_attention_triton(q, cache.k[layer], cache.v[layer], meta, row_masks,
+                                             list(batch.q_lens), scale)
     return tree_attention_reference(q, cache, layer, batch, row_masks, scale)
 
 

@@ -23,7 +23,9 @@ import triton
 import triton.language as tl
 
 from lmd.turbomind.kernels.host_copy import to_device
-from lmd.turbomind.kernels.paged_attention import LOG2E, AttentionMeta, unsupported_reason
+from lmd.turbomind.kernels.paged_attention import LOG2E, AttentionMeta, attention_meta, unsupported_reason
+
+__all__ = ["MAX_TREE_ROWS", "attention_meta", "tree_attention_triton", "unsupported_reason"]
 
 MAX_TREE_ROWS = 64
 
