@@ -154,3 +154,26 @@ def test_tree_with_preemption_and_abort(tiny_llama_ws, tmp_path):
     assert stats.preemptions > 0 and stats.spec_accepted_tokens > 0 and ours[2][-1][2] == "abort"
     assert _tokens(ours[2]) == _tokens(plain[2])[:len(_tokens(ours[2]))]
     assert all(_tokens(d) == _tokens(plain[i]) for i, d in enumerate(ours) if i != 2)
+
+
+def test_tree_forward_logits_equal_each_path_run_alone(tiny_llama_ws):
+    """One forward over a prefix's root and a 7-node tree gives, at every node's row, the logits of the root and
+    that node's path computed as an ordinary chunk (positions by depth, the tree mask), to float rounding."""
+    from lmd.turbomind.model_runner import ModelRunner
+    from lmd.turbomind.scheduler import ScheduledChunk, SchedulerOutput
+    from lmd.turbomind.speculative.tree_step import run_with_trees
+    from lmd.turbomind.workspace import open_workspace
+
+    runner = ModelRunner(open_workspace(tiny_llama_ws[1], cache_block_seq_len=4, cache_max_entry_count=64))
+    prompt = torch.randint(0, 49152, (10,), generator=torch.Generator().manual_seed(4)).tolist()
+    tree = TokenTree.from_chains([[11, 12, 13], [11, 14], [15, 16], [17]])
+    table = list(range(8))
+    runner.run_chunks([(prompt[:-1], 0, table)], [])
+    runner.run_chunks([(prompt[:-1], 0, list(range(8, 16)))], [])  # the same prefix in other blocks, for the paths
+    chunk = ScheduledChunk(0, (prompt[-1], *tree.tokens), 9, tuple(table), True, num_draft=len(tree))
+    logits = run_with_trees(runner, SchedulerOutput((chunk,), ()), {0: tree}, None)
+    assert logits.shape[0] == 1 + len(tree)
+    for row in range(1 + len(tree)):
+        path = [] if row == 0 else [tree.tokens[n] for n in tree.path(row - 1)]
+        alone = runner.run_chunks([([prompt[-1], *path], 9, list(range(8, 16)))], [len(path)])  # overwrites 9..
+        assert (logits[row] - alone[0]).abs().max() < 1e-4, row
