@@ -329,9 +329,8 @@ class Engine:
             if state.finished:  # ended (stop string, abort, the step before) while this token was computed: dropped
                 continue
             if drafts:
-                path, kept = self.speculator.verified_rows(state, rows[i - 1 - len(drafts):i], drafts,  # type: ignore[union-attr]
-                                                           self.runner.cache)
-                self._accept_verified(state, path, kept, len(drafts))
+                self.speculator.accept(state, rows[i - 1 - len(drafts):i], drafts, self.runner.cache,  # type: ignore[union-attr]
+                                       self.block_manager, self._accept_now)
                 continue
             finish = state.accept(token)
             self.block_manager.commit_full_blocks(seq)  # a block its id completes (its KV is in the cache)
@@ -388,33 +387,18 @@ class Engine:
         prompt = PendingPromptLogprobs(logits, targets, prompt_ids) if targets else None
         return states, logits[to_device(sample_rows, torch.int64, logits.device)], prompt, owners, drafts
 
-    def _accept_verified(self, state: RequestState, rows: list[tuple[Any, int, Any, Any]],
-                         drafts: tuple[int, ...], proposed: int) -> None:
-        """A verification's tokens: row j's token is accepted while every earlier row's token equals the proposal
-        that follows it (the longest matching prefix, then the target's own token). Each one goes through the stop
-        checks and the text at once, so a stop token, stop string or length ends it exactly where plain decoding
-        would; the KV slots of the rejected proposals are dropped (blocks holding only those freed). The deltas go
-        to the stream here: a speculating request's steps are resolved before the next is launched, so none of its
-        earlier tokens waits in `_pending`."""
-        seq = state.seq
-        accepted = 0
-        for j, (_, token, logprob, alternatives) in enumerate(rows):
-            if j:
-                seq.num_computed_tokens += 1  # proposal j - 1 was right: its KV is the sequence's
-            finish = state.accept(token)
-            self.block_manager.commit_full_blocks(seq)
-            self._counts["generated_tokens"] += 1
-            delta = state.delta(token, logprob, alternatives, finish)
-            self._put(state, delta)
-            if delta.finish_reason is not None:  # stop or eos token, length, or a stop string
-                self._finish(seq.seq_id, None)
-                break
-            if j == len(drafts) or token != drafts[j]:
-                break
-            accepted += 1
-        self.speculator.record(state, proposed, accepted)  # type: ignore[union-attr]
-        if not state.finished:
-            self.block_manager.trim(seq, len(seq.token_ids))
+    def _accept_now(self, state: RequestState, token: int, logprob: Any, alternatives: Any) -> bool:
+        """One verified token through the stop checks and the text at once (a speculating request's steps are
+        resolved before the next is launched, so none of its earlier tokens waits in `_pending`); True when it ended
+        the request (stop or eos token, length, a stop string)."""
+        finish = state.accept(token)
+        self.block_manager.commit_full_blocks(state.seq)
+        self._counts["generated_tokens"] += 1
+        delta = state.delta(token, logprob, alternatives, finish)
+        self._put(state, delta)
+        if delta.finish_reason is not None:
+            self._finish(state.seq.seq_id, None)
+        return delta.finish_reason is not None
 
     def _fork(self, state: RequestState) -> None:
         """A sibling takes the prompt's KV of the sequence it forks from, or, if that sequence lost it (preempted) or

@@ -2,13 +2,14 @@
 scheduled, their verification's sampling rows and samples, and the counters.
 
 Order inside `Engine.step` (docs/engine.md): `propose` -> schedule (a chunk takes the sequence's last token and its
-proposals, `ScheduledChunk.num_draft`) -> forward (1 + k logits rows per verification) -> `launch` -> resolve, where
-the engine keeps the rows up to the first one whose token is not its proposal and calls `record`.
+proposals, `ScheduledChunk.num_draft`) -> `run` (1 + k logits rows per verification) -> `launch` -> resolve, where
+`accept` keeps the rows up to the first one whose token is not its proposal.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -21,6 +22,7 @@ from lmd.turbomind.speculative.tree_verify import tree_rows
 from lmd.turbomind.speculative.verify import SampledVerification, choose_with_verifications
 
 if TYPE_CHECKING:
+    from lmd.turbomind.block_manager import BlockManager
     from lmd.turbomind.forward_batch import InflightIds
     from lmd.turbomind.kv_cache import KVCache
     from lmd.turbomind.model_runner import ModelRunner
@@ -31,6 +33,8 @@ if TYPE_CHECKING:
     from lmd.turbomind.workspace import Workspace
 
 COUNTERS = ("spec_verifications", "spec_proposed_tokens", "spec_accepted_tokens")
+# the engine's: one verified token (state, token, logprob, top logprobs) accepted and streamed; True if it ended
+AcceptNow = Callable[["RequestState", int, Any, Any], bool]
 
 
 class Speculator:
@@ -128,17 +132,30 @@ class Speculator:
             chosen[first:first + width] = torch.tensor(picked, device=chosen.device)
         return pending_sample(raw, chosen, rows)
 
-    def verified_rows(self, state: RequestState, rows: list, drafts: tuple[int, ...],
-                      cache: KVCache) -> tuple[list, tuple[int, ...]]:
-        """A verification's rows and proposals as a chain: a tree's kept path (its K/V moved after the root)."""
+    def accept(self, state: RequestState, rows: list[tuple[Any, int, Any, Any]], drafts: tuple[int, ...],
+               cache: KVCache, block_manager: BlockManager, accept_now: AcceptNow) -> None:
+        """A verification's tokens: row j's token is kept while every earlier row's token equals the proposal that
+        follows it (the longest matching prefix, then the target's own token; a tree: along its kept path, whose
+        K/V first move after the root). Each goes through `accept_now` (stop checks, text) one at a time, so a stop
+        token, stop string or length ends it exactly where plain decoding would; the blocks past the kept tokens,
+        which hold only rejected proposals' K/V, are freed."""
+        proposed = len(drafts)
         proposal = state.speculative.tree  # type: ignore[union-attr]
-        if proposal is None:
-            return rows, drafts
-        kept = proposal.kept or []
-        root = len(state.seq.token_ids) - 1
-        move_kept_kv(cache, state.seq.block_table, root, kept)
-        path = [rows[0]] + [rows[node + 1] for node in kept]
-        return path, tuple(proposal.tree.tokens[node] for node in kept)
+        if proposal is not None:
+            kept = proposal.kept or []
+            move_kept_kv(cache, state.seq.block_table, len(state.seq.token_ids) - 1, kept)
+            rows = [rows[0]] + [rows[node + 1] for node in kept]
+            drafts = tuple(proposal.tree.tokens[node] for node in kept)
+        accepted = 0
+        for j, (_, token, logprob, alternatives) in enumerate(rows):
+            if j:
+                state.seq.num_computed_tokens += 1  # proposal j - 1 was right: its K/V is the sequence's
+            if accept_now(state, token, logprob, alternatives) or j == len(drafts) or token != drafts[j]:
+                break
+            accepted += 1
+        self.record(state, proposed, accepted)
+        if not state.finished:
+            block_manager.trim(state.seq, len(state.seq.token_ids))
 
     def record(self, state: RequestState, proposed: int, accepted: int) -> None:
         self.counts["spec_verifications"] += 1
