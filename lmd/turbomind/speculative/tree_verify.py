@@ -2,7 +2,7 @@
 the step's samples are made (greedy: the rows' argmax; sampled: SpecInfer's rule, `tree.sampled_path`).
 
 Each row's chosen token (what its logprobs describe) is the next token of the kept path on the path's rows and the
-row's argmax elsewhere (unused): the engine then accepts the path's rows as a chain (`Speculator.verified_rows`).
+row's argmax elsewhere (unused): `Speculator.accept` then takes the path's rows as a chain.
 """
 
 from __future__ import annotations
