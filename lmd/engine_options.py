@@ -152,8 +152,9 @@ NumSpeculativeTokensOpt = Annotated[
 SpeculativeTreeOpt = Annotated[
     str | None,
     typer.Option("--speculative-tree", metavar="BRANCHxDEPTH",
-                 help="Draft a token tree (BRANCH candidates per depth) instead of a chain (--speculative-method "
-                 "draft)."),
+                 help="Verify a token tree instead of a chain: BRANCH candidates per depth (n-gram: that many "
+                 "distinct earlier continuations; draft: its top BRANCH tokens, or BRANCH draws when sampling), DEPTH "
+                 "tokens deep, all checked in one forward."),
 ]
 
 # Servers (serve, gradio) take vLLM's spelling and LMDeploy's for the same two flags.

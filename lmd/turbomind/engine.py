@@ -284,7 +284,7 @@ class Engine:
         step_logits = logits
         states, logits, prompt, prompt_states, drafts = self._sampled_rows(output, logits)
         self._resolve_inflight()
-        if states:
+        if states or prompt is not None:  # a chunk of prompt logprobs alone is resolved like a sampled step
             sample = (self.sampler.launch(logits, [state.sampling_row() for state in states])
                       if self.speculator is None else self.speculator.launch(self.sampler, logits, states, drafts))
             for state in dict.fromkeys(states):
