@@ -7,6 +7,7 @@ The runner owns everything on the device: the model's weights and the KV cache p
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 
 import torch
@@ -192,10 +193,12 @@ class ModelRunner:
     def num_blocks(self) -> int:
         return self.cache.num_blocks - self._scratch
 
-    def run(self, output: SchedulerOutput, inflight: InflightIds | None = None) -> torch.Tensor:
+    def run(self, output: SchedulerOutput, inflight: InflightIds | None = None,
+            adjust: Callable[[ForwardBatch], ForwardBatch] | None = None) -> torch.Tensor:
         """fp32 logits in chunk order: every position of an `all_logits` chunk, the last position of any other chunk
         that needs logits. `inflight`: where the INFLIGHT ids of the chunks are (the previous step's samples, still on
-        the device); nothing here waits for the GPU."""
+        the device); nothing here waits for the GPU. `adjust`: changes the built batch before the forward (token
+        trees: positions and the tree mask); such a step runs eagerly, on one rank."""
         chunks, rows, end = [], [], 0
         for chunk in output.chunks:
             chunks.append((list(chunk.token_ids), chunk.start, list(chunk.block_table)))
@@ -208,11 +211,15 @@ class ModelRunner:
         if sources is not None and self.world > 1:
             raise LmdError("overlapped steps (in-flight token ids) need tp=pp=1")
         patch = None if sources is None else (sources, inflight.token_ids)  # type: ignore[union-attr]
-        if self.graphs is not None and len(rows) == len(chunks) and self.graphs.fits(chunks):
+        if adjust is not None and self.world > 1:
+            raise LmdError("an adjusted batch (token trees) runs with tp=pp=1")
+        if adjust is None and self.graphs is not None and len(rows) == len(chunks) and self.graphs.fits(chunks):
             return self.graphs.run(chunks, patch)
         if self.stage is not None:
             return self.run_chunks(chunks, rows)
         batch = self._batch(chunks, rows)
+        if adjust is not None:
+            batch = adjust(batch)
         if patch is not None:
             patch_inflight(batch.input_ids, *patch)
         return self._forward(batch)

@@ -1,8 +1,9 @@
 """A target forward whose batch holds token-tree chunks, and the KV of the path kept.
 
-The forward is the runner's eager path (a verification step never replays a decode graph, and speculation runs at
-tp = pp = 1) with two changes for each tree chunk (the root, then the nodes parents first): its nodes' positions are
-the root's plus their depth (RoPE), and its rows attend through the tree mask (`ForwardBatch.tree`). Their K/V land
+The forward is the runner's eager path (`ModelRunner.run(..., adjust=...)`: a verification step never replays a
+decode graph, and speculation runs at tp = pp = 1) with two changes for each tree chunk (the root, then the nodes
+parents first): its nodes' positions are the root's plus their depth (RoPE), and its rows attend through the tree
+mask (`ForwardBatch.tree`). Their K/V land
 in the sequence's slots in chunk order, so after the verification the kept path's K/V are moved down to the
 positions the path now has (node k of the path from root position + 1 + its node index to root position + 1 + k);
 the slots past them hold only rejected nodes and are dropped with the blocks past the sequence (`BlockManager.trim`)
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from lmd.turbomind.forward_batch import ForwardBatch, InflightIds, patch_inflight
+from lmd.turbomind.forward_batch import ForwardBatch, InflightIds
 from lmd.turbomind.kernels.host_copy import to_device
 from lmd.turbomind.tree_attention import TreeRows
 
@@ -30,31 +31,23 @@ if TYPE_CHECKING:
 def run_with_trees(runner: ModelRunner, output: SchedulerOutput, trees: dict[int, TokenTree],
                    inflight: InflightIds | None) -> torch.Tensor:
     """fp32 logits in chunk order, as `ModelRunner.run` returns them; trees: seq_id -> the tree of its chunk."""
-    chunks, rows, end = [], [], 0
     masks: dict[int, list[int]] = {}
     moved: list[tuple[int, int]] = []  # (flat row, position) of tree nodes
+    end = 0
     for b, chunk in enumerate(output.chunks):
-        n = len(chunk.token_ids)
-        chunks.append((list(chunk.token_ids), chunk.start, list(chunk.block_table)))
-        if chunk.all_logits:
-            rows.extend(range(end, end + n))
         tree = trees.get(chunk.seq_id) if chunk.num_draft else None
         if tree is not None:  # proposals go to decoding sequences only: the chunk is the root and the nodes
             masks[b] = tree.row_masks()
             moved += [(end + 1 + i, chunk.start + d) for i, d in enumerate(tree.depths)]
-        end += n
-        if chunk.needs_logits and not chunk.all_logits:
-            rows.extend(range(end - 1 - chunk.num_draft, end))
-    batch = ForwardBatch.build(chunks, runner.block_size, rows, runner.device)
-    positions = batch.positions.clone()
-    positions[to_device([r for r, _ in moved], torch.int64, runner.device)] = \
-        to_device([p for _, p in moved], torch.int64, runner.device)
-    batch = dataclasses.replace(batch, positions=positions, tree=TreeRows.of(batch, masks))
-    sources = None if inflight is None else inflight.sources([(c.seq_id, c.token_ids) for c in output.chunks])
-    if sources is not None:
-        patch_inflight(batch.input_ids, sources, inflight.token_ids)  # type: ignore[union-attr]
-    with torch.inference_mode():
-        return runner.model.forward(batch, runner.cache)
+        end += len(chunk.token_ids)
+
+    def adjust(batch: ForwardBatch) -> ForwardBatch:
+        positions = batch.positions.clone()
+        positions[to_device([r for r, _ in moved], torch.int64, runner.device)] = \
+            to_device([p for _, p in moved], torch.int64, runner.device)
+        return dataclasses.replace(batch, positions=positions, tree=TreeRows.of(batch, masks))
+
+    return runner.run(output, inflight, adjust=adjust)
 
 
 def move_kept_kv(cache: KVCache, block_table: list[int], root_position: int, kept: list[int]) -> None:
