@@ -57,24 +57,23 @@ class BeamRequest:
         return len(self._reported) == len(self.beams)
 
     def advance(self, scheduler: Scheduler, block_manager: BlockManager, copy_blocks: Callable[[int, int], None],
-                new_seq_id: Callable[[], int], can_share: bool) -> list[Sequence]:
-        """Decide the round and rebuild the beams; returns the sequences that joined (forks). After the last round
-        the beams are left as they are (`done`): the caller frees them with `release`."""
+                new_seq_id: Callable[[], int], can_share: bool) -> None:
+        """Decide the round and rebuild the beams. After the last round the beams are left as they are (`done`): the
+        caller frees them with `release`."""
         candidates = [c for beam in sorted(self._reported) for c in self._reported[beam]]
         self._reported.clear()
         chosen = self.search.advance(candidates)
         if not chosen:
-            return []
+            return
         parents = self.beams
         parents[0].num_reserved_forks = 0
         beams: list[Sequence] = []
-        forks: list[Sequence] = []
-        extended: set[int] = set()
+        first_child: dict[int, int] = {}  # parent beam -> the token its own sequence takes
         for c in chosen:
             parent = parents[c.beam]
-            if c.beam not in extended:  # appended below, once every fork has read the parent's tokens
+            if c.beam not in first_child:  # appended below, once every fork has read the parent's tokens
+                first_child[c.beam] = c.token
                 beams.append(parent)
-                extended.add(c.beam)
                 continue
             child = Sequence(new_seq_id(), parent.token_ids + [c.token], num_prompt_tokens=self.num_prompt_tokens)
             shared = (can_share and parent.status is SequenceStatus.RUNNING
@@ -88,17 +87,12 @@ class BeamRequest:
                 child.num_computed_tokens = len(parent.token_ids)
                 scheduler.add_running(child)
             beams.append(child)
-            forks.append(child)
-        first_child = {}
-        for c in chosen:
-            first_child.setdefault(c.beam, c.token)
         for beam, token in first_child.items():
             parents[beam].token_ids.append(token)
         for i, parent in enumerate(parents):
             if i not in first_child:
                 scheduler.finish(parent)
         self.beams = beams
-        return forks
 
     def release(self, scheduler: Scheduler) -> None:
         for beam in self.beams:

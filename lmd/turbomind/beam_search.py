@@ -30,7 +30,6 @@ class Candidate:
 class Hypothesis:
     token_ids: tuple[int, ...]  # generated tokens, the ending token included
     score: float  # cumulative logprob / generated_length ** length_penalty
-    cumulative_logprob: float
     ends_by_token: bool  # an eos / stop token (finish "stop"), else the length limit ("length")
 
 
@@ -90,7 +89,7 @@ class BeamSearch:
     def _hypothesis(self, c: Candidate, ends_by_token: bool) -> Hypothesis:
         length = self.num_generated + 1
         score = float(_f32(c.score) / (length ** self.length_penalty))
-        return Hypothesis(self.generated[c.beam] + (c.token,), score, c.score, ends_by_token)
+        return Hypothesis(self.generated[c.beam] + (c.token,), score, ends_by_token)
 
     def _can_improve(self) -> bool:
         """Can the best running beam still beat the worst of `width` finished hypotheses?"""

@@ -87,10 +87,10 @@ class ModelRunner:
         self.joined = None  # torchrun: the launcher's store and the control group
         self._joined = False
         reduce = None
+        if self.world > 1 and rank == 0 and tp_port is None:  # the driver says which rank holds what
+            for line in layout_lines(model_cfg.num_layer, self.tp, self.pp):
+                _log.info("%s", line)
         if launch is not None:
-            if rank == 0:
-                for line in layout_lines(model_cfg.num_layer, self.tp, self.pp):
-                    _log.info("%s", line)
             self.joined = join_torchrun_group(launch, self.device, self.tp, timeout_s())
             self._joined = True
             if rank == 0:
@@ -104,8 +104,6 @@ class ModelRunner:
                                    "each worker's ranks itself; leave them out")
                 check_no_tp_group()
                 tp_port = free_port()
-                for line in layout_lines(model_cfg.num_layer, self.tp, self.pp):
-                    _log.info("%s", line)
                 self.workers = TPWorkers(ws, tp_port, ModelRunner)
             try:
                 join_tp_group(rank, self.world, tp_port, self.device, tp=self.tp)

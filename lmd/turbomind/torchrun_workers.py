@@ -43,10 +43,6 @@ class TorchrunWorkers:
         with self.guard():
             broadcast(message, self.joined.control)
 
-    def check_alive(self) -> None:
-        if self._broken is not None:
-            raise self._broken
-
     @contextmanager
     def guard(self) -> Iterator[None]:
         try:
