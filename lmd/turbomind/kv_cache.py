@@ -108,8 +108,7 @@ def plan_num_blocks(cache_max_entry_count: float, bytes_per_block: int, device: 
     if cache_max_entry_count > 1:
         return int(cache_max_entry_count)
     if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        budget = int(free * cache_max_entry_count)
+        budget = int(_free_device_bytes(device) * cache_max_entry_count)
     else:
         budget = min(int(_available_ram() * cache_max_entry_count), CPU_POOL_CAP_BYTES)
     num_blocks = min(budget // bytes_per_block, max_useful_blocks)
@@ -117,6 +116,16 @@ def plan_num_blocks(cache_max_entry_count: float, bytes_per_block: int, device: 
         raise LmdError(f"cache_max_entry_count={cache_max_entry_count} leaves no room for one KV block "
                        f"({bytes_per_block} bytes); raise it or pass a block count (> 1)")
     return num_blocks
+
+
+def _free_device_bytes(device: torch.device) -> int:
+    """Free device memory, within `torch.cuda.set_per_process_memory_fraction`'s cap when one is set (the driver's
+    figure ignores it, and a pool sized from that figure would not fit under the cap)."""
+    free, total = torch.cuda.mem_get_info(device)
+    fraction = getattr(torch.cuda, "get_per_process_memory_fraction", lambda _d: 1.0)(device)
+    if fraction < 1.0:
+        free = min(free, max(0, int(fraction * total) - torch.cuda.memory_allocated(device)))
+    return free
 
 
 def _available_ram() -> int:
