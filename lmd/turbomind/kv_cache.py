@@ -121,10 +121,11 @@ def plan_num_blocks(cache_max_entry_count: float, bytes_per_block: int, device: 
 def _free_device_bytes(device: torch.device) -> int:
     """Free device memory, within `torch.cuda.set_per_process_memory_fraction`'s cap when one is set (the driver's
     figure ignores it, and a pool sized from that figure would not fit under the cap)."""
-    free, total = torch.cuda.mem_get_info(device)
-    fraction = getattr(torch.cuda, "get_per_process_memory_fraction", lambda _d: 1.0)(device)
+    index = device.index if device.index is not None else torch.cuda.current_device()  # the fraction needs one
+    free, total = torch.cuda.mem_get_info(index)
+    fraction = getattr(torch.cuda, "get_per_process_memory_fraction", lambda _i: 1.0)(index)
     if fraction < 1.0:
-        free = min(free, max(0, int(fraction * total) - torch.cuda.memory_allocated(device)))
+        free = min(free, max(0, int(fraction * total) - torch.cuda.memory_allocated(index)))
     return free
 
 

@@ -11,9 +11,16 @@ GIB = 2**30
 
 
 def _fake_cuda(monkeypatch, free: int, total: int, fraction: float, allocated: int) -> None:
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda _d=None: (free, total))
-    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda _d=None: fraction, raising=False)
-    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda _d=None: allocated)
+    def index_only(value):  # torch's fraction query refuses a device without an index ("cuda")
+        def query(device):
+            assert isinstance(device, int), f"got {device!r}, not a device index"
+            return value
+        return query
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", index_only((free, total)))
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", index_only(fraction), raising=False)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", index_only(allocated))
 
 
 def test_pool_is_a_fraction_of_free_memory_without_a_cap(monkeypatch):
