@@ -167,6 +167,7 @@ class ModelRunner:
         self.cache = KVCache(len(layers), num_blocks + self._scratch, self.block_size, kv_heads,
                              model_cfg.size_per_head, self.dtype, self.device, int8, static)
         self.graphs: DecodeGraphs | None = None
+        self.verify_graphs: dict[int, DecodeGraphs] = {}  # T -> graphs of steps of up to T tokens per sequence
         self._max_batch, self._session_len = engine_cfg.max_batch_size, engine_cfg.session_len
         if self._scratch and self.device.type == "cuda" and self._graphs_supported(engine_cfg):
             self.enable_decode_graphs(capture=True)
@@ -180,12 +181,31 @@ class ModelRunner:
         return triton_attention_runs(q, self.cache, engine_cfg.use_context_fmha)
 
     def enable_decode_graphs(self, capture: bool) -> None:
-        """Run decode steps on the static buffers of `DecodeGraphs` (capture=False: eagerly, e.g. on CPU)."""
+        """Run decode steps on the static buffers of `DecodeGraphs` (capture=False: eagerly, e.g. on CPU); verification
+        graphs are dropped (`enable_verify_graphs` adds them again, in the new mode)."""
         if not self._scratch:
             raise LmdError("decode graphs need the scratch block: cuda_graph=True and tp=pp=1")
         self.graphs = DecodeGraphs(self.model, self.cache, self.cache.num_blocks - 1, self._max_batch,
                                    self._session_len, self.device, capture)
+        self.verify_graphs = {}
         self.graphs.capture_all()  # at start, as vLLM does: the first step of each batch size is not slowed
+
+    def enable_verify_graphs(self, tokens: int) -> None:
+        """Graphs of steps of up to `tokens` tokens per sequence (a speculative chain's 1 + K), beside the decode
+        graphs: their mode, scratch block and memory pool. Nothing while decode graphs are off (CPU, tp > 1, eager)."""
+        if self.graphs is None or tokens <= 1 or tokens in self.verify_graphs:
+            return
+        graphs = DecodeGraphs(self.model, self.cache, self.cache.num_blocks - 1, self._max_batch, self._session_len,
+                              self.device, self.graphs.capture, tokens, self.graphs.pool())
+        graphs.capture_all()
+        self.verify_graphs[tokens] = graphs
+
+    def _graphs_for(self, chunks: list[tuple[list[int], int, list[int]]]) -> DecodeGraphs | None:
+        """The graphs of the smallest T that holds every chunk of the step, if any."""
+        if self.graphs is None:
+            return None
+        candidates = [self.graphs, *(self.verify_graphs[t] for t in sorted(self.verify_graphs))]
+        return next((g for g in candidates if g.fits(chunks)), None)
 
     @property
     def num_blocks(self) -> int:
@@ -196,7 +216,9 @@ class ModelRunner:
         """fp32 logits in chunk order: every position of an `all_logits` chunk, the last position of any other chunk
         that needs logits. `inflight`: where the INFLIGHT ids of the chunks are (the previous step's samples, still on
         the device); nothing here waits for the GPU. `adjust`: changes the built batch before the forward (token
-        trees: positions and the tree mask); such a step runs eagerly, on one rank."""
+        trees: positions and the tree mask); such a step runs eagerly, on one rank. Any other step whose chunks are
+        all at most T tokens long replays the graphs of the smallest such T (`DecodeGraphs`: decode, T = 1; a
+        speculative chain's verification, T = 1 + K, `enable_verify_graphs`); the rest runs eagerly."""
         chunks, rows, end = [], [], 0
         for chunk in output.chunks:
             chunks.append((list(chunk.token_ids), chunk.start, list(chunk.block_table)))
@@ -211,8 +233,9 @@ class ModelRunner:
         patch = None if sources is None else (sources, inflight.token_ids)  # type: ignore[union-attr]
         if adjust is not None and self.world > 1:
             raise LmdError("an adjusted batch (token trees) runs with tp=pp=1")
-        if adjust is None and self.graphs is not None and len(rows) == len(chunks) and self.graphs.fits(chunks):
-            return self.graphs.run(chunks, patch)
+        graphs = None if adjust is not None else self._graphs_for(chunks)
+        if graphs is not None:
+            return graphs.run(chunks, patch, rows)
         if self.stage is not None:
             return self.run_chunks(chunks, rows)
         batch = self._batch(chunks, rows)

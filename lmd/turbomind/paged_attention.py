@@ -78,14 +78,37 @@ def paged_attention_triton_on_cache(
 
 
 def decode_graph_meta(
-    seq_info: torch.Tensor, decode_tiles: torch.Tensor, tables: torch.Tensor, max_context: int
+    seq_info: torch.Tensor, tables: torch.Tensor, max_context: int, tokens: int = 1
 ) -> AttentionMeta | None:
-    """The kernels' metadata over a decode graph's static buffers (decode_graph.py), every row one new token; None
-    without Triton (the reference reads the batch's host tuples)."""
+    """The kernels' metadata over a decode graph's static buffers (decode_graph.py): sequence i owns rows
+    [i * tokens, (i + 1) * tokens) and computes seq_info[i, 1] <= tokens new tokens there. tokens = 1: the decode
+    kernel, split for max_context. tokens > 1 (verifications): the prefill kernel, causal within the chunk; its tiles
+    (sequence, first query token) depend on the bucket and `tokens` only, so they are built here, outside any
+    capture, for every tile height the kernel can ask for (BLOCK_M // G_ROWS, a power of two; from `tokens` up one
+    tile per sequence), and stay with the meta: keep it as long as a graph captured on it. A tile past a chunk's
+    length stores nothing. None without Triton (the reference reads the batch's host tuples)."""
     kernels = _kernels()
     if kernels is None:
         return None
-    return kernels.AttentionMeta(seq_info.shape[0], seq_info, decode_tiles, tables, max_context, [])
+    b, device = seq_info.shape[0], seq_info.device
+    if tokens == 1:
+        rows = torch.arange(b, dtype=torch.int32, device=device)
+        decode_tiles = torch.stack([rows, torch.zeros_like(rows)], dim=1).contiguous()
+        return kernels.AttentionMeta(b, seq_info, decode_tiles, tables, max_context, [])
+    none = torch.zeros((0, 2), dtype=torch.int32, device=device)
+    meta = kernels.AttentionMeta(b * tokens, seq_info, none, tables, 0, [(i, tokens, tokens) for i in range(b)])
+    height = 1
+    while height < tokens:
+        meta.prefill_tiles(height)
+        height *= 2
+    whole = meta.prefill_tiles(height)
+    while height < _MAX_TILE_HEIGHT:
+        height *= 2
+        meta.tiles[height] = whole
+    return meta
+
+
+_MAX_TILE_HEIGHT = 1024  # query tokens per prefill tile: BLOCK_M // G_ROWS, far above any config's BLOCK_M
 
 
 def _triton_requested(q: torch.Tensor) -> bool:

@@ -54,7 +54,7 @@ def test_static_decode_buffers_give_the_plain_paths_tokens(tiny_llama_ws, monkey
     engine.runner.enable_decode_graphs(capture=False)
     graphs, sizes = engine.runner.graphs, []
     run = graphs.run
-    monkeypatch.setattr(graphs, "run", lambda chunks, inflight=None: sizes.append(len(chunks)) or run(chunks, inflight))
+    monkeypatch.setattr(graphs, "run", lambda chunks, *rest: sizes.append(len(chunks)) or run(chunks, *rest))
     assert _generate(engine) == expected
     assert {graphs.bucket(n) for n in sizes} == {8, 4, 2, 1}
     assert any(n not in graphs.buckets for n in sizes)  # batches padded to their bucket

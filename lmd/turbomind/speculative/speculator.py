@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 COUNTERS = ("spec_verifications", "spec_proposed_tokens", "spec_accepted_tokens")
 # the engine's: one verified token (state, token, logprob, top logprobs) accepted and streamed; True if it ended
+_UNPREPARED = object()
 AcceptNow = Callable[["RequestState", int, Any, Any], bool]
 
 
@@ -46,6 +47,17 @@ class Speculator:
 
             self.drafter = DraftProposer(config.model, target, tokenizer, num_blocks)  # type: ignore[arg-type]
         self.counts = dict.fromkeys(COUNTERS, 0)
+        self._prepared: object = _UNPREPARED  # the runner's decode graphs the verification graphs were added to
+
+    def prepare(self, runner: ModelRunner) -> None:
+        """Capture the verification graphs of a chain (T = 1 + K tokens per sequence, `DecodeGraphs`) beside the
+        runner's decode graphs; nothing where those are off, or for token trees (their batch is adjusted, so they run
+        eagerly). Start-up: one more capture per batch bucket; memory: each graph keeps its logits, bucket x T x vocab
+        fp32 (Llama-2's vocab, max_batch_size 64, K 4: 189 MB over the 11 buckets), activations share the decode
+        graphs' pool. Called again after the decode graphs are replaced (`enable_decode_graphs`)."""
+        if self.config.tree is None:
+            runner.enable_verify_graphs(1 + self.config.num_speculative_tokens)
+        self._prepared = runner.graphs
 
     def propose(self, running: list[Sequence], states: dict[int, RequestState], max_len: int,
                 sampler: Sampler) -> list[Sequence]:
@@ -90,7 +102,10 @@ class Speculator:
 
     def run(self, runner: ModelRunner, output: SchedulerOutput, states: dict[int, RequestState],
             inflight: InflightIds | None) -> torch.Tensor:
-        """The step's forward: with the tree mask where a chunk verifies a token tree (cut to what was scheduled)."""
+        """The step's forward: with the tree mask where a chunk verifies a token tree (cut to what was scheduled);
+        a chain's verification replays its graph (`prepare`, done here if the engine has not)."""
+        if self._prepared is not runner.graphs:
+            self.prepare(runner)
         trees = {}
         for chunk in output.chunks:
             state = states.get(chunk.seq_id)
