@@ -21,6 +21,11 @@ dropped. The attention kernels read each sequence's lengths from seq_info at run
 split for the longest context; T > 1: the prefill kernel, causal within the chunk), so one capture serves every
 length. Each graph computes logits of all B * T rows; the step's wanted rows are gathered after the replay.
 
+Verification graphs (`ModelRunner.enable_verify_graphs`, captured for a speculative chain's K by
+`Speculator.prepare`; token trees run eagerly) add one capture per bucket at start and keep each graph's logits,
+bucket x T x vocab fp32; their activations share the decode graphs' pool. A mixed step pays T rows for each plain
+sequence in it: on a GPU a few rows more cost far less than the launches of an eager step.
+
 Without capture (`capture=False`: the CPU tests) the same buffers run the model eagerly, so the padding, the
 scratch block and the metadata are checked where no GPU is.
 """
