@@ -79,9 +79,9 @@ def graph_step_errors(ws: Path, prompts: list[list[int]], new_tokens: int, devic
         assert graphs is not None, "decode graphs did not start"
         captured = graphs.run
 
-        def checked(chunks):
+        def checked(chunks, *rest):
             nonlocal steps
-            out = captured(chunks)
+            out = captured(chunks, *rest)
             rows = list(range(len(chunks)))
             eager = runner.run_chunks(list(chunks), rows)
             os.environ["LMD_ATTENTION"] = "reference"

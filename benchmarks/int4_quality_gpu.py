@@ -67,12 +67,12 @@ def main() -> None:
             for label, model in (("fp", args.model), ("int4_checkpoint", str(work))):
                 scored = lmd(["eval", "tasks", model, "--tasks", TASKS, "--device", "cuda"], args.timeout)
                 results[f"{label}_tasks"] = scored
-        results["runs"].append(dict(method=method, group=int(group), **report))
+        results["runs"].append({**report, "run": run, "group": int(group)})
     out = Path(os.environ.get("OUT", "."))
     out.mkdir(parents=True, exist_ok=True)
     (out / "int4_quality_gpu.json").write_text(json.dumps(results, indent=1))
     fp_ppl, fp_acc = results.get("fp_ppl"), results.get("fp_acc") or {}
-    rtn_ppl = next((r.get("int4_ppl") for r in results["runs"] if r["method"] == "rtn" and r["group"] == 64), None)
+    rtn_ppl = next((r.get("int4_ppl") for r in results["runs"] if r["run"] == "rtn:64"), None)
     print(f"\nfp ppl {fp_ppl}  fp acc {json.dumps(fp_acc)}")
     print("method      group  quantize s  ppl       gap ratio  mean acc drop  per task (int4 - fp, points)")
     for r in results["runs"]:
@@ -81,7 +81,8 @@ def main() -> None:
         mean = sum(drops.values()) / len(drops) if drops else float("nan")
         ratio = ((r["int4_ppl"] - fp_ppl) / (rtn_ppl - fp_ppl) if fp_ppl and rtn_ppl and r.get("int4_ppl")
                  else float("nan"))
-        print(f"{r['method']:<11} {r['group']:>5}  {r['quantize_seconds']:>10.1f}  {r.get('int4_ppl', 0):<9.4f} "
+        name = r["run"].split(":")[0]
+        print(f"{name:<11} {r['group']:>5}  {r['quantize_seconds']:>10.1f}  {r.get('int4_ppl', 0):<9.4f} "
               f"{ratio:>9.3f}  {-mean:>13.2f}  " + ", ".join(f"{t} {d:+.1f}" for t, d in drops.items()))
 
 

@@ -90,6 +90,8 @@ class Engine:
         self.runner = ModelRunner(ws)
         self.speculator = None if speculative is None else Speculator(speculative, ws, self.tokenizer,
                                                                       self.runner.num_blocks)
+        if self.speculator is not None:  # verification graphs at start, as the decode graphs
+            self.speculator.prepare(self.runner)
         cfg = ws.engine
         self.block_manager = BlockManager(self.runner.num_blocks, cfg.cache_block_seq_len, cfg.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, cfg.max_batch_size, cfg.max_context_token_num, cfg.step_length)
