@@ -7,6 +7,7 @@ import json
 import typer
 
 from lmd.errors import LmdError
+from lmd.lite.smooth_quant_run import SEARCHES
 
 
 def smooth_quant_command(
@@ -15,11 +16,18 @@ def smooth_quant_command(
     fp8: bool = typer.Option(False, "--fp8", help="FP8 e4m3 weights and activations instead of int8."),
     smooth_alpha: str = typer.Option("0.5", "--smooth-alpha",
                                      help="SmoothQuant migration strength α in [0, 1]: s = max|x|^α / max|W|^(1-α); "
-                                          "auto: per smoothing group, the α of 0.2..0.8 with the least W8A8 output "
-                                          "error on --search-samples calibration windows."),
+                                          "auto: per smoothing group, the α of 0.2..0.8 with the least W8A8 error "
+                                          "of that group's linear outputs; block: per smoothing group, the α of "
+                                          "0.3..0.9 with the least W8A8 error of the whole decoder layer's output, "
+                                          "layer by layer (both on --search-samples calibration windows)."),
     search_samples: int | None = typer.Option(None, "--search-samples",
                                               help="Calibration windows (of --calib-dataset, --calib-seqlen) the "
-                                                   "auto α search measures on (default 8)."),
+                                                   "α search measures on (default 8 for auto, 4 for block)."),
+    ignore: list[str] | None = typer.Option(None, "--ignore",
+                                            help="Keep this linear in 16 bits (weights and activations; "
+                                                 "compressed-tensors `ignore`), repeatable: a linear name such as "
+                                                 "down_proj (every layer) or one module such as "
+                                                 "model.layers.3.mlp.down_proj. q/k/v and gate/up go together."),
     smooth: bool | None = typer.Option(None, "--smooth/--no-smooth",
                                        help="Migrate activation outliers into the weights (default: on for int8, "
                                             "off for --fp8)."),
@@ -44,7 +52,7 @@ def smooth_quant_command(
     from lmd.lite.smooth_quant_run import SmoothQuantConfig, smooth_quant
 
     cfg = SmoothQuantConfig(model=model, work_dir=work_dir, scheme="fp8" if fp8 else "int8", alpha=_alpha(smooth_alpha),
-                            search_samples=search_samples,
+                            search_samples=search_samples, ignore=tuple(ignore or ()),
                             smooth=smooth, calib_dir=calib_dir, calib_dataset=calib_dataset,
                             calib_samples=calib_samples, calib_seqlen=calib_seqlen, data_dir=data_dir, device=device,
                             dtype=dtype, force=force)
@@ -62,10 +70,10 @@ def smooth_quant_command(
     Console().print(table)
 
 
-def _alpha(text: str) -> float | None:
-    if text == "auto":
-        return None
+def _alpha(text: str) -> float | str:
+    if text in SEARCHES:
+        return text
     try:
         return float(text)
     except ValueError:
-        raise LmdError(f"--smooth-alpha {text} is not a number; give one in [0, 1] or auto") from None
+        raise LmdError(f"--smooth-alpha {text} is not a number; give one in [0, 1], auto or block") from None

@@ -15,6 +15,7 @@ from pathlib import Path
 from lmd.errors import LmdError
 
 SCHEMES = ("int8", "fp8")
+SEARCHES = ("auto", "block")  # --smooth-alpha values other than a number
 
 
 @dataclass(frozen=True)
@@ -22,8 +23,9 @@ class SmoothQuantConfig:
     model: str
     work_dir: str
     scheme: str = "int8"
-    alpha: float | None = 0.5  # None: searched per smoothing group (--smooth-alpha auto)
-    search_samples: int | None = None  # calibration windows the α search measures errors on (auto only; 8)
+    alpha: float | str = 0.5  # a number, or searched per smoothing group: auto (linear output), block (layer output)
+    search_samples: int | None = None  # calibration windows the α search measures errors on (auto 8, block 4)
+    ignore: tuple[str, ...] = ()  # linears kept in 16 bits (--ignore), resolved by smooth_quant_export.resolve_ignore
     smooth: bool | None = None  # None: on for int8, off for fp8
     calib_dir: str | None = None
     calib_dataset: str = "c4"
@@ -37,11 +39,12 @@ class SmoothQuantConfig:
     def __post_init__(self) -> None:
         if self.scheme not in SCHEMES:
             raise LmdError(f"scheme {self.scheme!r} is unknown; use int8 or fp8 (--fp8)")
-        if self.alpha is not None and not 0.0 <= self.alpha <= 1.0:
-            raise LmdError(f"--smooth-alpha {self.alpha} must be within [0, 1] (SmoothQuant uses 0.5) or auto")
-        if self.search_samples is not None and (self.alpha is not None or self.search_samples < 1):
+        if isinstance(self.alpha, str) and self.alpha not in SEARCHES or \
+                not isinstance(self.alpha, str) and not 0.0 <= self.alpha <= 1.0:
+            raise LmdError(f"--smooth-alpha {self.alpha} must be within [0, 1] (SmoothQuant uses 0.5), auto or block")
+        if self.search_samples is not None and (not isinstance(self.alpha, str) or self.search_samples < 1):
             raise LmdError(f"--search-samples {self.search_samples}: give at least 1, and only with "
-                           "--smooth-alpha auto (the search is what reads it)")
+                           "--smooth-alpha auto or block (the search is what reads it)")
         if self.dtype not in ("float16", "bfloat16", "float32"):
             raise LmdError(f"--dtype {self.dtype} is unknown; use float16, bfloat16 or float32")
         if self.calib_dir is not None and not self.smoothing:
@@ -58,9 +61,10 @@ class SmoothQuantResult:
     model: str
     scheme: str
     smoothed: bool
-    alpha: float | str  # "auto": searched, see alphas
+    alpha: float | str  # "auto" / "block": searched, see alphas
     smoothed_groups: int
     alphas: list[float]
+    ignored: list[str]  # modules kept in 16 bits (besides lm_head)
     calib_dir: str | None
     size_bytes: int
     seconds: float
@@ -75,13 +79,14 @@ def smooth_quant(cfg: SmoothQuantConfig, on_layer: Callable[[int, int], None] | 
     from lmd.arch import get_arch
     from lmd.lite.calibrate import CalibrateConfig, calibrate
     from lmd.lite.output_dir import atomic_output_dir, check_output_dir
-    from lmd.lite.smooth_quant import smooth_model
-    from lmd.lite.smooth_quant_export import QDTYPES, write_checkpoint
-    from lmd.model_source import load_causal_lm, load_tokenizer, resolve_model
+    from lmd.lite.smooth_quant_export import resolve_ignore, write_checkpoint
+    from lmd.model_source import load_causal_lm, load_config, load_tokenizer, resolve_model
 
     check_output_dir(cfg.work_dir, cfg.force)
     start = time.perf_counter()
     source = resolve_model(cfg.model)
+    config = load_config(source)
+    ignore = resolve_ignore(cfg.ignore, get_arch(config), int(config.num_hidden_layers))
     absmax = _load_input_absmax(Path(cfg.calib_dir)) if cfg.calib_dir and cfg.smoothing else None
     with atomic_output_dir(cfg.work_dir, cfg.force) as tmp:
         calib_dir = cfg.calib_dir
@@ -94,27 +99,44 @@ def smooth_quant(cfg: SmoothQuantConfig, on_layer: Callable[[int, int], None] | 
             calib_dir = str(Path(cfg.work_dir).expanduser().resolve() / "calibration")
         model = load_causal_lm(source, dtype="float32", device="cpu")
         arch = get_arch(model.config)
-        inputs = _search_inputs(cfg, model, arch, source) if absmax is not None and cfg.alpha is None else None
-        alphas = [] if absmax is None else smooth_model(model, arch, absmax, cfg.alpha, inputs,
-                                                        QDTYPES[cfg.scheme])
-        alpha = "auto" if cfg.alpha is None else cfg.alpha
+        alphas = [] if absmax is None else _smooth(cfg, model, arch, source, absmax, ignore)
         provenance = {"model": source.display_name, "scheme": cfg.scheme, "smoothed": absmax is not None,
-                      "alpha": alpha, "alphas": alphas, "calib_dir": calib_dir}
+                      "alpha": cfg.alpha, "alphas": alphas, "ignore": ignore, "calib_dir": calib_dir}
         size = write_checkpoint(tmp, model, load_tokenizer(source), arch, cfg.scheme, getattr(torch, cfg.dtype),
-                                provenance)
+                                provenance, ignore)
     return SmoothQuantResult(str(Path(cfg.work_dir).expanduser().resolve()), source.display_name, cfg.scheme,
-                             absmax is not None, alpha, len(alphas), alphas, calib_dir, size,
+                             absmax is not None, cfg.alpha, len(alphas), alphas, ignore, calib_dir, size,
                              round(time.perf_counter() - start, 2))
 
 
-def _search_inputs(cfg: SmoothQuantConfig, model, arch, source) -> dict:
+def _smooth(cfg: SmoothQuantConfig, model, arch, source, absmax: dict, ignore: list[str]) -> list[float]:
+    from lmd.lite.smooth_quant import smooth_model
+    from lmd.lite.smooth_quant_block import block_search_smooth
+    from lmd.lite.smooth_quant_export import QDTYPES
+
+    qdtype = QDTYPES[cfg.scheme]
+    if cfg.alpha == "block":
+        keep: dict[int, set[str]] = {}
+        for module in ignore:
+            layer, _, linear = module.removeprefix(f"{arch.layers}.").partition(".")
+            keep.setdefault(int(layer), set()).add(linear)
+        return block_search_smooth(model, arch, absmax, _calib_ids(cfg, source, 4), qdtype, keep=keep)
+    if cfg.alpha == "auto":
+        from lmd.lite.smooth_quant_search import SEARCHED_INPUTS, capture_inputs
+
+        inputs = capture_inputs(model, arch, _calib_ids(cfg, source, 8),
+                                tuple(getattr(arch, m) for m in SEARCHED_INPUTS))
+        return smooth_model(model, arch, absmax, None, inputs, qdtype)
+    return smooth_model(model, arch, absmax, float(cfg.alpha))
+
+
+def _calib_ids(cfg: SmoothQuantConfig, source, default_samples: int):
+    """The search's windows [n, seqlen] of the calibration set."""
     from lmd.calib_data import get_calib_samples
-    from lmd.lite.smooth_quant_search import SEARCHED_INPUTS, capture_inputs
     from lmd.model_source import load_tokenizer
 
-    calib = get_calib_samples(cfg.calib_dataset, load_tokenizer(source), nsamples=cfg.search_samples or 8,
-                              seqlen=cfg.calib_seqlen, data_dir=cfg.data_dir)
-    return capture_inputs(model, arch, calib.input_ids, tuple(getattr(arch, m) for m in SEARCHED_INPUTS))
+    return get_calib_samples(cfg.calib_dataset, load_tokenizer(source), nsamples=cfg.search_samples or default_samples,
+                             seqlen=cfg.calib_seqlen, data_dir=cfg.data_dir).input_ids
 
 
 def _load_input_absmax(calib_dir: Path) -> dict:

@@ -10,7 +10,8 @@ from lmd.turbomind.config import ModelConfig
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Tensor name -> shape of one rank's file (int4 linears as qweight/scales/zeros; int8 / fp8 ones add
-    weight_scale)."""
+    weight_scale, which `check_weights` asks only of 8-bit weights: an ignored linear of a W8A8 workspace is a plain
+    16-bit weight)."""
     r = cfg.tensor_para_size
     hq, hkv, d, h = cfg.head_num // r, cfg.kv_head_num // r, cfg.size_per_head, cfg.hidden_units
     inter = cfg.inter_size // r
@@ -37,6 +38,10 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 def check_weights(cfg: ModelConfig, weights: dict[str, torch.Tensor], source: str) -> None:
     for name, shape in expected_shapes(cfg).items():
+        if name.endswith(".weight_scale") and _ignored_linear(weights, name.removesuffix("_scale")):
+            if name in weights:
+                raise LmdError(f"{source}: {name} belongs to a 16-bit (ignored) weight; redeploy the workspace")
+            continue
         perm = name.removesuffix("qweight") + "perm"
         if name.endswith(".qweight") and perm in weights and tuple(weights[perm].shape) != (shape[0] * 8,):
             raise LmdError(f"{source}: {perm} has shape {tuple(weights[perm].shape)}, config.ini implies "
@@ -54,3 +59,9 @@ def check_weights(cfg: ModelConfig, weights: dict[str, torch.Tensor], source: st
         if rows < cfg.vocab_size or width != cfg.hidden_units:
             raise LmdError(f"{source}: {name} has shape {(rows, width)}, expected [>= {cfg.vocab_size}, "
                            f"{cfg.hidden_units}]; redeploy the workspace")
+
+
+def _ignored_linear(weights: dict[str, torch.Tensor], weight_name: str) -> bool:
+    """A W8A8 workspace's linear kept in 16 bits (compressed-tensors `ignore`): its weight is a float type."""
+    weight = weights.get(weight_name)
+    return weight is not None and weight.is_floating_point() and weight.itemsize >= 2

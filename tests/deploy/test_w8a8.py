@@ -113,12 +113,32 @@ def calib_dir(tiny_models, tmp_path_factory):
     return out
 
 
+def _smoothed_reference(src, calib_dir):
+    """The float model smoothed with α 0.5 by calib_dir's statistics, embeddings and norms rounded to fp16 as the
+    workspace holds them (the compute dtype); the linears stay fp32 for the caller to fake-quantize."""
+    from transformers import AutoModelForCausalLM
+
+    reference = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    smooth_model(reference, ARCH, torch.load(calib_dir / "inputs_stats.pth")["absmax"], 0.5)
+    with torch.no_grad():
+        for name, param in reference.named_parameters():
+            if name.rpartition(".")[0].split(".", 3)[-1] not in ARCH.linears:
+                param.copy_(param.half().float())
+    return reference
+
+
+def _engine_nll(workspace, ids: torch.Tensor) -> float:
+    """Summed NLL of ids [L] through the engine at fp32 activations (the reference path's dtype)."""
+    from lmd.turbomind.window_scorer import engine_window_scorer, scoring_engine
+
+    engine = scoring_engine(str(workspace), seqlen=ids.numel(), dtype="fp32", max_context_token_num=32,
+                            cache_block_seq_len=8)
+    return engine_window_scorer(engine)(ids)
+
+
 @pytest.mark.parametrize(("scheme", "qdtype"), [("int8", torch.int8), ("fp8", torch.float8_e4m3fn)])
 def test_engine_nll_equals_fake_quantized_hf(tiny_models, calib_dir, tmp_path, scheme, qdtype):
     import torch.nn.functional as F
-    from transformers import AutoModelForCausalLM
-
-    from lmd.turbomind.window_scorer import engine_window_scorer, scoring_engine
 
     src = tiny_models("llama")
     result = smooth_quant(SmoothQuantConfig(model=str(src), work_dir=str(tmp_path / "w8a8"), scheme=scheme,
@@ -134,16 +154,9 @@ def test_engine_nll_equals_fake_quantized_hf(tiny_models, calib_dir, tmp_path, s
     assert tensors["layers.0.attention.w_qkv.weight"].dtype == qdtype
     assert tensors["layers.0.feed_forward.w13.weight_scale"].shape == (512,)
     # reference: the float model smoothed by the same statistics, then fake-quantized
-    reference = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
-    smooth_model(reference, ARCH, torch.load(calib_dir / "inputs_stats.pth")["absmax"], 0.5)
-    with torch.no_grad():  # the workspace holds embeddings and norms in the fp16 compute dtype
-        for name, param in reference.named_parameters():
-            if name.rpartition(".")[0].split(".", 3)[-1] not in ARCH.linears:
-                param.copy_(param.half().float())
+    reference = _smoothed_reference(src, calib_dir)
     ids = torch.randint(0, 49152, (48,), generator=torch.Generator().manual_seed(5))
-    engine = scoring_engine(str(deployed.path), seqlen=48, dtype="fp32", max_context_token_num=32,
-                            cache_block_seq_len=8)
-    ours = engine_window_scorer(engine)(ids)
+    ours = _engine_nll(deployed.path, ids)
     ref = F.cross_entropy(_fake_w8a8_logits(reference, ids[None], qdtype)[0, :-1], ids[1:], reduction="sum").item()
     assert abs(ours - ref) < 1e-4 * abs(ref), (ours, ref)
     # served as deployed (the default dtype: the workspace's fp16 compute dtype), greedy tokens come out
