@@ -27,7 +27,10 @@ def smooth_quant_command(
                                             help="Keep this linear in 16 bits (weights and activations; "
                                                  "compressed-tensors `ignore`), repeatable: a linear name such as "
                                                  "down_proj (every layer) or one module such as "
-                                                 "model.layers.3.mlp.down_proj. q/k/v and gate/up go together."),
+                                                 "model.layers.3.mlp.down_proj. q/k/v and gate/up go together. "
+                                                 "Default: down_proj for int8 (its input is int8's worst "
+                                                 "activation), nothing for --fp8; `--ignore none` quantizes every "
+                                                 "decoder linear."),
     smooth: bool | None = typer.Option(None, "--smooth/--no-smooth",
                                        help="Migrate activation outliers into the weights (default: on for int8, "
                                             "off for --fp8)."),
@@ -52,7 +55,7 @@ def smooth_quant_command(
     from lmd.lite.smooth_quant_run import SmoothQuantConfig, smooth_quant
 
     cfg = SmoothQuantConfig(model=model, work_dir=work_dir, scheme="fp8" if fp8 else "int8", alpha=_alpha(smooth_alpha),
-                            search_samples=search_samples, ignore=tuple(ignore or ()),
+                            search_samples=search_samples, ignore=_ignore(ignore),
                             smooth=smooth, calib_dir=calib_dir, calib_dataset=calib_dataset,
                             calib_samples=calib_samples, calib_seqlen=calib_seqlen, data_dir=data_dir, device=device,
                             dtype=dtype, force=force)
@@ -77,3 +80,11 @@ def _alpha(text: str) -> float | str:
         return float(text)
     except ValueError:
         raise LmdError(f"--smooth-alpha {text} is not a number; give one in [0, 1], auto or block") from None
+
+
+def _ignore(names: list[str] | None) -> tuple[str, ...] | None:
+    if not names:
+        return None
+    if "none" in names and len(names) > 1:
+        raise LmdError(f"--ignore none quantizes every linear; drop it or the other --ignore names ({names})")
+    return () if names == ["none"] else tuple(names)

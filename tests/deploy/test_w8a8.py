@@ -142,7 +142,7 @@ def test_engine_nll_equals_fake_quantized_hf(tiny_models, calib_dir, tmp_path, s
 
     src = tiny_models("llama")
     result = smooth_quant(SmoothQuantConfig(model=str(src), work_dir=str(tmp_path / "w8a8"), scheme=scheme,
-                                            smooth=True, calib_dir=str(calib_dir), dtype="float32"))
+                                            smooth=True, calib_dir=str(calib_dir), dtype="float32", ignore=()))
     assert result.smoothed and result.smoothed_groups == 8
     qc = json.loads((tmp_path / "w8a8" / "config.json").read_text())["quantization_config"]
     assert qc["config_groups"]["group_0"]["input_activations"] == {"num_bits": 8, "type": "int" if scheme == "int8"
@@ -171,7 +171,7 @@ def test_engine_nll_equals_fake_quantized_hf(tiny_models, calib_dir, tmp_path, s
 
 def test_tp2_rank_files_hold_their_scales(tiny_models, calib_dir, tmp_path):
     smooth_quant(SmoothQuantConfig(model=str(tiny_models("llama")), work_dir=str(tmp_path / "w8a8"),
-                                   calib_dir=str(calib_dir)))
+                                   calib_dir=str(calib_dir), ignore=()))
     ws = run_deploy("base", str(tmp_path / "w8a8"), str(tmp_path / "ws"), tp=2, progress=False).path
     whole = load_rank_tensors(run_deploy("base", str(tmp_path / "w8a8"), str(tmp_path / "ws1"),
                                          progress=False).path, 0)

@@ -112,7 +112,8 @@ def test_bad_ignore_names_are_one_line_errors(tiny_models, tmp_path):
     for names, message in [(["gate"], "--ignore gate: not a decoder linear of this model; give one of q_proj"),
                            (["model.layers.2.mlp.down_proj"], "--ignore model.layers.2.mlp.down_proj: not a decoder"),
                            (["q_proj"], "--ignore: model.layers.0.self_attn.q_proj is fused with self_attn.k_proj, "
-                                        "self_attn.v_proj in the engine; ignore them together")]:
+                                        "self_attn.v_proj in the engine; ignore them together"),
+                           (["none", "o_proj"], "--ignore none quantizes every linear; drop it or the other")]:
         run = subprocess.run([sys.executable, "-m", "lmd", "smooth-quant", src, "--fp8", "--work-dir",
                               str(tmp_path / "x"), *[a for n in names for a in ("--ignore", n)]],
                              capture_output=True, text=True)
@@ -131,3 +132,16 @@ def test_deploy_refuses_a_fused_group_half_ignored(tiny_models, tmp_path):
     save_file(state, str(out / "model.safetensors"))
     with pytest.raises(LmdError, match=r"q_proj is quantized but model.layers.0.self_attn.k_proj, fused with it, is not"):
         run_deploy("base", str(out), str(tmp_path / "ws"), progress=False)
+
+
+def test_int8_keeps_down_proj_by_default_and_ignore_none_quantizes_all(tiny_models, calib_dir, tmp_path):
+    src = str(tiny_models("llama"))
+    default = smooth_quant(SmoothQuantConfig(model=src, work_dir=str(tmp_path / "a"), calib_dir=str(calib_dir)))
+    assert default.ignored == [f"{ARCH.layers}.{i}.{ARCH.down}" for i in range(2)]
+    run = subprocess.run([sys.executable, "-m", "lmd", "smooth-quant", src, "--work-dir", str(tmp_path / "b"),
+                          "--calib-dir", str(calib_dir), "--ignore", "none", "--json"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["ignored"] == []
+    assert json.loads((tmp_path / "b" / "config.json").read_text())["quantization_config"]["ignore"] == ["lm_head"]
+    fp8 = smooth_quant(SmoothQuantConfig(model=src, work_dir=str(tmp_path / "c"), scheme="fp8"))
+    assert fp8.ignored == []
