@@ -135,9 +135,17 @@ def test_deploy_refuses_a_fused_group_half_ignored(tiny_models, tmp_path):
 
 
 def test_int8_keeps_down_proj_by_default_and_ignore_none_quantizes_all(tiny_models, calib_dir, tmp_path):
+    from safetensors.torch import load_file
+
     src = str(tiny_models("llama"))
     default = smooth_quant(SmoothQuantConfig(model=src, work_dir=str(tmp_path / "a"), calib_dir=str(calib_dir)))
     assert default.ignored == [f"{ARCH.layers}.{i}.{ARCH.down}" for i in range(2)]
+    ws = run_deploy("base", str(tmp_path / "a"), str(tmp_path / "ws"), tp=2, progress=False).path
+    ranks = [load_rank_tensors(ws, r) for r in range(2)]
+    down = load_file(str(tmp_path / "a" / "model.safetensors"))[f"{ARCH.layers}.1.{ARCH.down}.weight"]
+    assert down.dtype == torch.float16  # the checkpoint's --dtype; each rank holds its K half, no scale
+    assert torch.equal(torch.cat([t["layers.1.feed_forward.w2.weight"] for t in ranks], 1), down)
+    assert all("layers.1.feed_forward.w2.weight_scale" not in t for t in ranks)
     run = subprocess.run([sys.executable, "-m", "lmd", "smooth-quant", src, "--work-dir", str(tmp_path / "b"),
                           "--calib-dir", str(calib_dir), "--ignore", "none", "--json"], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
