@@ -11,7 +11,7 @@ from lmd.turbomind.config import ModelConfig
 from lmd.turbomind.forward_batch import ForwardBatch
 from lmd.turbomind.kv_cache import KVCache
 from lmd.turbomind.layers import GatedMLP, add_rms_norm
-from lmd.turbomind.linear import make_linear
+from lmd.turbomind.linear import cpu_linear, make_linear
 from lmd.turbomind.rope import RotaryEmbedding
 from lmd.turbomind.weight_offload import LayerOffload, OffloadPlan
 
@@ -101,4 +101,5 @@ class LlamaModel:
         return add_rms_norm(h, delta, self.norm, self.cfg.norm_eps)[1]
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.linear(h, self.lm_head[: self.cfg.vocab_size]).float()
+        # SmolLM2's 49152 x 576 head on one thread: 23 / 35 ms for 2 / 3 rows through F.linear, 6 / 9 swapped
+        return cpu_linear(h, self.lm_head[: self.cfg.vocab_size]).float()
