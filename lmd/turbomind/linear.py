@@ -102,7 +102,7 @@ def cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     thread, cold weights: 64 / 72 / 48 ms for 2 / 3 / 4 rows against 24 / 37 / 36; one row 37 either way)."""
     if (x.dim() == 2 and x.shape[0] in CPU_SWAP_ROWS and x.device.type == "cpu" and x.dtype == torch.float32
             and weight.dtype == torch.float32):
-        y = (weight @ x.T).T
+        y = (weight @ x.T).T.contiguous()  # row-major like F.linear's: callers split heads out of it as views
         return y if bias is None else y + bias
     return F.linear(x, weight, bias)
 
