@@ -25,11 +25,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from engine import LLAMA2_7B, build_workspace  # noqa: E402
+from engine import LLAMA2_7B, SHAPE_KEYS, build_workspace  # noqa: E402
 
 from lmd.turbomind.engine import Engine  # noqa: E402
 from lmd.turbomind.gen_config import GenerationConfig  # noqa: E402
 
+SHAPES = {"llama2-7b": LLAMA2_7B,  # Llama-3-8B: 32 heads / 8 KV heads, vocab 128256
+          "llama3-8b": dict(zip(SHAPE_KEYS, (4096, 14336, 32, 32, 8), strict=True), vocab_size=128256)}
 GROUPS = (  # first match wins: (group, substrings of the kernel name, lower case)
     ("attention", ("_attention_kernel", "_combine_kernel", "flash", "sdpa", "attention")),
     ("fused layer ops", ("rms", "silu", "rotary", "rope", "norm")),
@@ -102,13 +104,14 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--top", type=int, default=14, help="kernels listed per context")
     p.add_argument("--quant-policy", type=int, default=0, choices=(0, 4), help="KV cache: 0 fp16, 4 online int8")
+    p.add_argument("--shape", default="llama2-7b", choices=tuple(SHAPES), help="model shape (random weights)")
     args = p.parse_args()
     device = "cuda"
     contexts = [int(c) for c in args.contexts.split(",")]
     results: dict = {"gpu": torch.cuda.get_device_name(), "batch": args.batch, "steps": args.steps,
                      "quant_policy": args.quant_policy, "contexts": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        ws = build_workspace(Path(tmp, "ws"), LLAMA2_7B, False, 2048, torch.device(device))
+        ws = build_workspace(Path(tmp, "ws"), SHAPES[args.shape], False, 2048, torch.device(device))
         for context in contexts:
             engine = decoding_engine(ws, args, context, cuda_graph=False, device=device)
             kernels = kernel_profile(engine, args.steps)
@@ -130,7 +133,7 @@ def main() -> None:
     Path(os.environ.get("OUT", "."), "decode_step_kernels.json").write_text(json.dumps(results, indent=1))
     for context, r in results["contexts"].items():
         kv = "int8" if args.quant_policy == 4 else "fp16"
-        print(f"\n{results['gpu']}, fp16 Llama-2-7B shape, KV {kv}, batch {args.batch}, context {context}: "
+        print(f"\n{results['gpu']}, fp16 {args.shape} shape, KV {kv}, batch {args.batch}, context {context}: "
               f"graph replay {r['graph_replay_ms']:.3f} ms/step, eager kernels sum {r['kernel_sum_ms']:.3f} ms")
         for group, ms in sorted(r["groups_ms"].items(), key=lambda kv: -kv[1]):
             print(f"  {group:20} {ms:8.3f}")

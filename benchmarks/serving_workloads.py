@@ -62,6 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from decode_vs_lmdeploy import install_lmdeploy, lmdeploy_env, run_child, write_hf_checkpoint  # noqa: E402
 from engine import LLAMA2_7B, SHAPE_KEYS, TINY, build_workspace  # noqa: E402
+from step_trace import StepTrace  # noqa: E402
 
 from lmd.bench.report import ms_summary, throughput_report  # noqa: E402
 from lmd.bench.sampling import BenchRequest  # noqa: E402
@@ -299,10 +300,10 @@ def lmd_real(engine: Any, options: dict[str, Any], requests: list[BenchRequest],
              during: contextlib.AbstractContextManager[Any] | None = None) -> dict[str, Any]:
     """Every request at once after a warm-up; `during` (a poller) is entered around the timed run only."""
     run_throughput(engine, warmup, len(warmup))  # first-use costs (allocator, kernels) stay out of timing
-    with during if during is not None else contextlib.nullcontext():
+    with during if during is not None else contextlib.nullcontext(), StepTrace(engine) as trace:
         run = run_throughput(engine, requests, len(requests))
     facts = {"kv_blocks": engine.stats().blocks_total, "engine_options": options}
-    return throughput_report(run, facts) | requested(requests)
+    return throughput_report(run, facts) | requested(requests) | {"step_trace": trace.summary()}
 
 
 def hf_generate(model: Any, batch: Sequence[BenchRequest], device: str) -> float:
@@ -716,6 +717,17 @@ def print_tables(results: dict[str, Any]) -> None:
         if "failed" in prefix or "skipped" in prefix:
             table.add_row(model, "prefix", "lmd", *["-"] * 6, prefix.get("failed") or prefix.get("skipped"))
     console.print(table)
+    for model, r in results["models"].items():
+        trace = r.get("real", {}).get("lmd", {}).get("step_trace")
+        if trace and trace.get("steps"):
+            parts = [f"{kind} {t['steps']} steps ({t['graph_steps']} graphs) wall {t['wall_s']:.2f} s GPU "
+                     f"{t['gpu_s']:.2f} s, median GPU {_f(t['median_gpu_ms'], 2)} ms, {t['mean_rows']:.0f} rows"
+                     + (f", {t['prefill_tokens']:,} prefill tokens" if kind == "mixed" else "")
+                     for kind in ("decode", "mixed") if (t := trace[kind])]
+            console.print(f"{model}: lmd steps: wall {trace['wall_s']:.2f} s, GPU forward {trace['gpu_forward_s']:.2f} "
+                          f"s; " + "; ".join(parts) + f"; batch full until {_f(trace.get('last_full_batch_s'), 2)} s, "
+                          f"tail (< 64 rows) {trace['tail_below_64_rows']['steps']} steps "
+                          f"{trace['tail_below_64_rows']['wall_s']:.2f} s")
 
 
 # ---- main ----

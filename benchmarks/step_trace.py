@@ -1,0 +1,85 @@
+"""Where a serving run's time goes, step by step: wraps a running engine's `runner.run` (the engine thread looks it up
+every step) and records, per step, the chunks it ran (decode rows, prefill tokens), whether it replayed a CUDA graph,
+and its GPU time (CUDA events around the forward, sampling excluded). A summary splits the run's wall time into
+decode-only and mixed (prefill) steps and the GPU's idle time, and says how long the running batch stayed full.
+
+    with StepTrace(engine) as trace:
+        ...  # the timed run
+    trace.summary()
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import torch
+
+
+class StepTrace:
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.steps: list[dict[str, Any]] = []
+        self._events: list[tuple[Any, Any]] = []
+        self._cuda = engine.runner.device.type == "cuda"
+
+    def __enter__(self) -> StepTrace:
+        runner = self.engine.runner
+        original = type(runner).run.__get__(runner)
+
+        def traced(output: Any, *args: Any, **kwargs: Any) -> Any:
+            lengths = [len(c.token_ids) for c in output.chunks]
+            chunks = [(list(c.token_ids), c.start, list(c.block_table)) for c in output.chunks]
+            graph = runner._graphs_for(chunks) is not None and kwargs.get("adjust") is None
+            start = end = None
+            if self._cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+            result = original(output, *args, **kwargs)
+            if self._cuda:
+                end.record()
+            self._events.append((start, end))
+            self.steps.append(dict(t=time.perf_counter(), decode=sum(n == 1 for n in lengths),
+                                   prefill_tokens=sum(n for n in lengths if n > 1), graph=graph))
+            return result
+
+        runner.run = traced
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._t1 = time.perf_counter()
+        del self.engine.runner.run  # the class's method again
+        if self._cuda:
+            torch.cuda.synchronize()
+        for step, (start, end) in zip(self.steps, self._events, strict=True):
+            step["gpu_ms"] = start.elapsed_time(end) if start is not None else None
+
+    def summary(self) -> dict[str, Any]:
+        steps = self.steps
+        wall = self._t1 - self._t0
+        out: dict[str, Any] = {"wall_s": wall, "steps": len(steps)}
+        if not steps:
+            return out
+        max_batch = self.engine.workspace.engine.max_batch_size
+        intervals = [b["t"] - a["t"] for a, b in zip(steps, steps[1:], strict=False)] + [self._t1 - steps[-1]["t"]]
+        for kind, pick in (("decode", lambda s: s["prefill_tokens"] == 0), ("mixed", lambda s: s["prefill_tokens"] > 0)):
+            chosen = [(s, dt) for s, dt in zip(steps, intervals, strict=True) if pick(s)]
+            gpu = [s["gpu_ms"] for s, _ in chosen if s["gpu_ms"] is not None]
+            out[kind] = dict(
+                steps=len(chosen), wall_s=sum(dt for _, dt in chosen), gpu_s=sum(gpu) / 1e3,
+                graph_steps=sum(s["graph"] for s, _ in chosen),
+                mean_rows=statistics.fmean(s["decode"] for s, _ in chosen) if chosen else 0.0,
+                prefill_tokens=sum(s["prefill_tokens"] for s, _ in chosen),
+                median_gpu_ms=statistics.median(gpu) if gpu else None)
+        gpu_total = sum(s["gpu_ms"] or 0.0 for s in steps) / 1e3
+        out["gpu_forward_s"] = gpu_total
+        rows = [s["decode"] + (s["prefill_tokens"] > 0) for s in steps]
+        out["mean_rows"] = statistics.fmean(rows)
+        if max_batch:
+            full = [i for i, s in enumerate(steps) if s["decode"] >= max_batch - 8]
+            out["last_full_batch_s"] = (steps[full[-1]]["t"] - self._t0) if full else 0.0
+        tail = [dt for s, dt in zip(steps, intervals, strict=True) if s["decode"] < 64 and s["prefill_tokens"] == 0]
+        out["tail_below_64_rows"] = dict(steps=len(tail), wall_s=sum(tail))
+        return out

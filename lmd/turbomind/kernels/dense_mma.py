@@ -1,0 +1,110 @@
+"""Skinny dense GEMM on tensor cores for decode batches (M of 2 to 256 token rows): y[M, N] = x[M, K] @ W[N, K]^T.
+
+cuBLAS streams the Llama-7B/8B decode weights at 2.8-3.9 TB/s at M = 16-64 on an H200 (docs/benchmarks.md), short
+of the ~4.3 TB/s a plain read reaches: its tiles leave waves half empty (N = 4096 is 32 tiles of 128 on 132 SMs) and
+few loads are in flight. Here the operands are swapped, as in the W4A16 `wt` kernels: the weight tile is the MMA's
+row operand (BLOCK_N rows, the 64-row granule of Hopper's wgmma), the few token rows its column operand, so a
+program owns BLOCK_N output features of every token row. Split-K gives the grid enough programs: each of SPLIT_K
+programs of a column tile walks one contiguous slice of K and writes an fp32 partial; a second small kernel sums the
+partials in a fixed order (deterministic, unlike atomics) and adds the bias. SPLIT_K = 1 stores the output directly.
+
+Reference: `torch.nn.functional.linear` (CI compares under the interpreter; the GPU check and the timing against
+cuBLAS are in benchmarks/dense_mma_probe.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_M = 256
+
+
+@dataclass(frozen=True)
+class DenseMmaConfig:
+    block_n: int = 64
+    block_k: int = 128
+    num_warps: int = 4
+    num_stages: int = 4
+    split_k: int = 1
+
+    def name(self) -> str:
+        return f"mma n{self.block_n} k{self.block_k} w{self.num_warps} st{self.num_stages} s{self.split_k}"
+
+
+@triton.jit
+def _dense_mma_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, M, N, K, k_per_split, stride_xm, stride_wn, stride_ym,
+                      HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.arange(0, BLOCK_M)
+    rk = tl.arange(0, BLOCK_K)
+    n_mask = rn < N
+    m_mask = rm < M
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    w_ptrs = w_ptr + rn.to(tl.int64)[:, None] * stride_wn + (k_start + rk)[None, :]
+    x_ptrs = x_ptr + rm[:, None] * stride_xm + (k_start + rk)[None, :]
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k in range(k_start, k_end, BLOCK_K):
+        k_mask = rk < k_end - k
+        w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+        x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        acc = tl.dot(w, tl.trans(x), acc)
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+    out_mask = n_mask[:, None] & m_mask[None, :]
+    if not PARTIAL:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+        tl.store(y_ptr + rm[None, :] * stride_ym + rn[:, None], acc.to(y_ptr.dtype.element_ty), mask=out_mask)
+    else:  # partials [SPLIT_K, M, N], fp32
+        tl.store(part_ptr + (pid_k * M + rm[None, :]) * N + rn[:, None], acc, mask=out_mask)
+
+
+@triton.jit
+def _split_sum_kernel(part_ptr, b_ptr, y_ptr, M, N, stride_ym, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
+                      BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < M * N
+    acc = tl.load(part_ptr + offs, mask=mask, other=0.0)
+    for s in range(1, SPLIT_K):  # fixed order: the same sum on every run
+        acc += tl.load(part_ptr + s * M * N + offs, mask=mask, other=0.0)
+    n = offs % N
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + n, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + (offs // N) * stride_ym + n, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def block_m_for(m: int) -> int:
+    """Token rows padded to the MMA's column operand (at least 16)."""
+    return max(16, triton.next_power_of_2(m))
+
+
+def dense_mma(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+              config: DenseMmaConfig = DenseMmaConfig()) -> torch.Tensor:
+    """x [M, K] (M <= MAX_M, rows contiguous along K), weight [N, K] contiguous -> [M, N] in x's dtype."""
+    m, k = x.shape
+    n = weight.shape[0]
+    assert 0 < m <= MAX_M and weight.shape[1] == k and weight.stride(1) == 1 and x.stride(1) == 1, (x.shape,
+                                                                                                     weight.shape)
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    # every split but the last walks a whole number of key tiles
+    k_per_split = triton.cdiv(triton.cdiv(k, config.split_k), config.block_k) * config.block_k
+    split = triton.cdiv(k, k_per_split)
+    part = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else y
+    b = bias if bias is not None else weight
+    _dense_mma_kernel[(triton.cdiv(n, config.block_n), split)](
+        x, weight, b, y, part, m, n, k, k_per_split, x.stride(0), weight.stride(0), y.stride(0),
+        HAS_BIAS=bias is not None, PARTIAL=split > 1, BLOCK_M=block_m_for(m), BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k, num_warps=config.num_warps, num_stages=config.num_stages)
+    if split > 1:
+        block = 1024
+        _split_sum_kernel[(triton.cdiv(m * n, block),)](part, b, y, m, n, y.stride(0), HAS_BIAS=bias is not None,
+                                                         SPLIT_K=split, BLOCK=block, num_warps=4)
+    return y

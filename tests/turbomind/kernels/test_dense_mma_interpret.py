@@ -1,0 +1,49 @@
+"""The tensor-core skinny GEMM (`kernels/dense_mma.py`) under Triton's CPU interpreter against F.linear: M of 2 to
+40 (padded to the MMA's 16-row granule and beyond), K not a multiple of the key tile, N not a multiple of the column
+tile, split-K 1 to 3 (the last split shorter), with and without bias, fp32 and fp16."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from tests.turbomind.kernels.interpreter import run_interpreted, run_jobs
+
+CASES = [(m, n, k, split, dtype, bias) for m, n, k, split, dtype, bias in (
+    (2, 70, 200, 1, "fp32", False), (16, 64, 257, 2, "fp16", True), (5, 33, 300, 3, "fp16", False),
+    (40, 96, 130, 2, "fp32", True))]
+
+
+def _case(m: int, n: int, k: int, split: int, dtype: str, bias: bool) -> float:
+    import torch
+    import torch.nn.functional as F
+
+    from lmd.turbomind.kernels.dense_mma import DenseMmaConfig, dense_mma
+
+    dt = {"fp32": torch.float32, "fp16": torch.float16}[dtype]
+    g = torch.Generator().manual_seed(m * n + k)
+    x = torch.randn(m, k, generator=g).to(dt)
+    w = (torch.randn(n, k, generator=g) * 0.05).to(dt)
+    b = torch.randn(n, generator=g).to(dt) if bias else None
+    out = dense_mma(x, w, b, DenseMmaConfig(block_n=32, block_k=64, num_warps=4, num_stages=1, split_k=split))
+    ref = F.linear(x.double(), w.double(), None if b is None else b.double())
+    return ((out.double() - ref).abs().max() / ref.abs().max()).item()
+
+
+@pytest.fixture(scope="module")
+def results() -> dict:
+    return run_interpreted(__file__)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_matches_linear(results, case):
+    error = results["-".join(map(str, case))]
+    assert isinstance(error, float), error
+    # fp32: tl.dot may run in tf32 on a GPU but not in the interpreter; fp16: one rounding of the output
+    assert error < (1e-5 if case[4] == "fp32" else 2e-3)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(json.dumps(run_jobs({"-".join(map(str, c)): (lambda c=c: _case(*c)) for c in CASES})))
