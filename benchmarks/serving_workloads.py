@@ -605,6 +605,18 @@ def lmd_phases(run: ModelRun) -> None:
                 results["real"]["lmd"] = phases.run(run.name, "real", "lmd",
                                                     lambda _: lmd_real(engine, options, run.requests, run.warmup))
                 phases.save()
+                default = engine.scheduler.step_length
+                lengths = [(r.prompt_len, r.output_len) for r in run.requests]
+                for i, length in enumerate(args.lmd_step_lengths):  # the admission interval, on the running scheduler
+                    engine.scheduler.step_length = length
+                    label = f"lmd step_length={length}"
+                    # the same lengths, other token ids: no prefix-cache hit on the earlier runs' prompts
+                    again = real_requests(lengths, run.settings, run.vocab, run.settings.seed + 100 + i)
+                    results["real"][label] = phases.run(
+                        run.name, "real", label, lambda _, again=again, length=length: lmd_real(
+                            engine, options | {"step_length": length}, again, run.warmup))
+                    phases.save()
+                engine.scheduler.step_length = default
             if "prefix" in args.workloads:
                 conversations = run.lengths.conversations[:args.prefix_conversations]
                 results["prefix"] = phases.run(run.name, "prefix", "lmd, cache off and on", lambda _: lmd_prefix(
@@ -717,15 +729,18 @@ def print_tables(results: dict[str, Any]) -> None:
         if "failed" in prefix or "skipped" in prefix:
             table.add_row(model, "prefix", "lmd", *["-"] * 6, prefix.get("failed") or prefix.get("skipped"))
     console.print(table)
-    for model, r in results["models"].items():
-        trace = r.get("real", {}).get("lmd", {}).get("step_trace")
+    for (model, system), trace in ((mr, s.get("step_trace")) for mr, s in (
+            ((model, system), s) for model, r in results["models"].items()
+            for system, s in r.get("real", {}).items() if system.startswith("lmd"))):
         if trace and trace.get("steps"):
             parts = [f"{kind} {t['steps']} steps ({t['graph_steps']} graphs) wall {t['wall_s']:.2f} s GPU "
-                     f"{t['gpu_s']:.2f} s, median GPU {_f(t['median_gpu_ms'], 2)} ms, {t['mean_rows']:.0f} rows"
+                     f"{t['gpu_s']:.2f} s, median GPU {_f(t['median_gpu_ms'], 2)} ms, launch "
+                     f"{_f(t['median_host_launch_ms'], 2)} ms, {t['mean_rows']:.0f} rows"
                      + (f", {t['prefill_tokens']:,} prefill tokens" if kind == "mixed" else "")
                      for kind in ("decode", "mixed") if (t := trace[kind])]
-            console.print(f"{model}: lmd steps: wall {trace['wall_s']:.2f} s, GPU forward {trace['gpu_forward_s']:.2f} "
-                          f"s; " + "; ".join(parts) + f"; batch full until {_f(trace.get('last_full_batch_s'), 2)} s, "
+            console.print(f"{model}, {system}: steps: wall {trace['wall_s']:.2f} s, GPU forward "
+                          f"{trace['gpu_forward_s']:.2f} s; " + "; ".join(parts)
+                          + f"; batch full until {_f(trace.get('last_full_batch_s'), 2)} s, "
                           f"tail (< 64 rows) {trace['tail_below_64_rows']['steps']} steps "
                           f"{trace['tail_below_64_rows']['wall_s']:.2f} s")
 
@@ -746,6 +761,9 @@ def parse_limits(text: str) -> dict[str, float]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma list of real, kv-int8, prefix")
+    p.add_argument("--lmd-step-lengths", default="", type=lambda v: [int(x) for x in v.split(",") if x],
+                   help="comma list: the real workload again on lmd's engine with each admission interval "
+                        "(step_length), after the run at the workspace's own")
     p.add_argument("--models", default="llama3-8b,llama2-7b", help=f"comma list of {', '.join(MODELS)}")
     p.add_argument("--num-requests", type=int, help="requests of the real workload (default 1000; tiny 12)")
     p.add_argument("--hf-requests", type=int, help="the first N requests also through HF transformers, 0 skips "

@@ -1,7 +1,8 @@
 """Where a serving run's time goes, step by step: wraps a running engine's `runner.run` (the engine thread looks it up
 every step) and records, per step, the chunks it ran (decode rows, prefill tokens), whether it replayed a CUDA graph,
-and its GPU time (CUDA events around the forward, sampling excluded). A summary splits the run's wall time into
-decode-only and mixed (prefill) steps and the GPU's idle time, and says how long the running batch stayed full.
+its GPU time (CUDA events around the forward, sampling excluded; idle gaps inside count) and the host time its launch
+took (the call returns once the work is queued: a launch as long as the GPU time says the step is host-bound). A
+summary splits the run's wall time into decode-only and mixed (prefill) steps and says how long the batch stayed full.
 
     with StepTrace(engine) as trace:
         ...  # the timed run
@@ -30,17 +31,19 @@ class StepTrace:
 
         def traced(output: Any, *args: Any, **kwargs: Any) -> Any:
             lengths = [len(c.token_ids) for c in output.chunks]
-            chunks = [(list(c.token_ids), c.start, list(c.block_table)) for c in output.chunks]
-            graph = runner._graphs_for(chunks) is not None and kwargs.get("adjust") is None
+            # decode-only steps replay graphs when the runner has them (speculative steps are not traced apart)
+            graph = runner.graphs is not None and all(n == 1 for n in lengths) and kwargs.get("adjust") is None
             start = end = None
             if self._cuda:
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
+            t = time.perf_counter()
             result = original(output, *args, **kwargs)
+            host_ms = (time.perf_counter() - t) * 1e3  # launches queued; nothing here waits for the GPU
             if self._cuda:
                 end.record()
             self._events.append((start, end))
-            self.steps.append(dict(t=time.perf_counter(), decode=sum(n == 1 for n in lengths),
+            self.steps.append(dict(t=t, host_ms=host_ms, decode=sum(n == 1 for n in lengths),
                                    prefill_tokens=sum(n for n in lengths if n > 1), graph=graph))
             return result
 
@@ -72,7 +75,9 @@ class StepTrace:
                 graph_steps=sum(s["graph"] for s, _ in chosen),
                 mean_rows=statistics.fmean(s["decode"] for s, _ in chosen) if chosen else 0.0,
                 prefill_tokens=sum(s["prefill_tokens"] for s, _ in chosen),
-                median_gpu_ms=statistics.median(gpu) if gpu else None)
+                median_gpu_ms=statistics.median(gpu) if gpu else None,
+                host_launch_s=sum(s["host_ms"] for s, _ in chosen) / 1e3,
+                median_host_launch_ms=statistics.median(s["host_ms"] for s, _ in chosen) if chosen else None)
         gpu_total = sum(s["gpu_ms"] or 0.0 for s in steps) / 1e3
         out["gpu_forward_s"] = gpu_total
         rows = [s["decode"] + (s["prefill_tokens"] > 0) for s in steps]

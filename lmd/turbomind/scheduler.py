@@ -7,8 +7,13 @@ Ordering rules of one `schedule()`:
    are freed and it goes back to the front of the waiting queue, to be recomputed (its full blocks stay in the
    prefix cache, so the recompute is often a cache hit).
 3. Only when nothing was preempted, waiting sequences are admitted in FIFO order while a slot
-   (`max_batch_size`), budget and blocks remain (and every `step_length` steps); a long prompt is prefilled in
-   chunks over several steps. The prompt's cached prefix (whole blocks) is taken from the block manager, not computed.
+   (`max_batch_size`), budget and blocks remain; a long prompt is prefilled in chunks over several steps. The
+   prompt's cached prefix (whole blocks) is taken from the block manager, not computed.
+4. Admission runs at every step while at most half the batch slots are taken; fuller, at most every `step_length`
+   steps. A step with prefill tokens runs eagerly (decode-only steps replay CUDA graphs), so when requests end one
+   by one in a full batch, admitting at each step would make nearly every step an eager one; waiting a few steps
+   gathers the freed slots' prefills into one step instead (LMDeploy's PyTorch engine has the same rule,
+   `prefill_interval`). An under-filled engine, the interactive case, never waits.
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._seqs: dict[int, Sequence] = {}
-        self._steps = 0
+        self._since_admission = step_length  # steps since the last one that admitted: the first step may
         self.prefix_hit_tokens = 0  # over all admissions
 
     def add(self, seq: Sequence) -> None:
@@ -85,9 +90,11 @@ class Scheduler:
                 chunks.append(_chunk(seq, n, drafts))
                 budget -= n + len(drafts)
                 i += 1
-        admit = not preempted and self._steps % self.step_length == 0
         # batch slots taken: running sequences and the forks they will make at their first sample (parallel sampling)
         slots = len(self.running) + sum(s.num_reserved_forks for s in self.running) if self.waiting else 0
+        due = self._since_admission >= self.step_length or 2 * slots <= self.max_batch_size
+        admit = not preempted and due
+        admitted = False
         while admit and self.waiting and budget > 0:
             seq = self.waiting[0]
             if seq.num_inflight:  # preempted while its last token was being sampled: admitted once it is known
@@ -109,7 +116,8 @@ class Scheduler:
             slots += 1 + seq.num_reserved_forks
             chunks.append(_chunk(seq, n))
             budget -= n
-        self._steps += 1
+            admitted = True
+        self._since_admission = 1 if admitted else self._since_admission + 1
         return SchedulerOutput(tuple(chunks), tuple(preempted))
 
     def add_running(self, seq: Sequence) -> None:

@@ -10,9 +10,10 @@ from lmd.turbomind.sequence import Sequence, SequenceStatus
 class FakeEngine:
     """Drives the scheduler like the engine does: every chunk that needs logits appends one 'sampled' token."""
 
-    def __init__(self, num_blocks: int, block_size: int = 4, max_batch: int = 8, budget: int = 64) -> None:
+    def __init__(self, num_blocks: int, block_size: int = 4, max_batch: int = 8, budget: int = 64,
+                 step_length: int = 1) -> None:
         self.bm = BlockManager(num_blocks, block_size)
-        self.sched = Scheduler(self.bm, max_batch, budget)
+        self.sched = Scheduler(self.bm, max_batch, budget, step_length)
         self.seqs: dict[int, Sequence] = {}
         self.targets: dict[int, int] = {}
         self.outputs = []
@@ -120,3 +121,41 @@ def test_no_admission_in_a_step_that_preempted():
     assert [c.seq_id for c in eng.outputs[-1].chunks] == [0]
     eng.run()
     assert eng.bm.num_free == 4
+
+
+def _admission_steps(eng: FakeEngine, steps: int) -> dict[int, int]:
+    admitted_at: dict[int, int] = {}
+    for step in range(1, steps + 1):
+        for c in eng.step().chunks:
+            admitted_at.setdefault(c.seq_id, step)
+    return admitted_at
+
+
+def test_a_full_batch_admits_at_most_every_step_length_steps():
+    eng = FakeEngine(num_blocks=64, max_batch=4, step_length=3)
+    for i, new in enumerate((50, 50, 50, 2, 50, 50)):
+        eng.add(i, [7, 8], max_new=new)
+    admitted_at = _admission_steps(eng, 6)
+    # step 1 admits 0-3; seq 3 ends at step 2; at step 3 the batch is 3/4 full and only 2 steps have passed since
+    # the last admission: seq 4 waits until step 4; seq 5 finds no slot
+    assert admitted_at == {0: 1, 1: 1, 2: 1, 3: 1, 4: 4}
+    eng.run()
+    assert eng.bm.num_free == 64
+
+
+def test_a_batch_at_most_half_full_admits_at_once():
+    eng = FakeEngine(num_blocks=64, max_batch=4, step_length=100)
+    for i, new in enumerate((50, 2, 2, 2, 50)):
+        eng.add(i, [7, 8], max_new=new)
+    admitted_at = _admission_steps(eng, 4)
+    assert admitted_at[4] == 3  # seqs 1-3 end at step 2: one of four slots taken
+
+
+def test_step_length_one_admits_at_every_step():
+    eng = FakeEngine(num_blocks=64, max_batch=2)
+    eng.add(0, [1], max_new=1)
+    eng.add(1, [1, 2], max_new=5)
+    eng.add(2, [3], max_new=5)
+    eng.step()  # admits 0 and 1; 0 ends
+    out = eng.step()
+    assert 2 in [c.seq_id for c in out.chunks]
