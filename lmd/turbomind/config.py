@@ -79,7 +79,7 @@ class EngineConfig:
     session_len: int = 4096
     max_batch_size: int = 64
     max_context_token_num: int = 2048
-    step_length: int = 1
+    step_length: int = 16  # admission interval once the batch is full (scheduler.py, rule 4)
     cache_max_entry_count: float = 0.5
     cache_block_seq_len: int = 64
     cache_chunk_size: int = -1

@@ -9,11 +9,12 @@ Ordering rules of one `schedule()`:
 3. Only when nothing was preempted, waiting sequences are admitted in FIFO order while a slot
    (`max_batch_size`), budget and blocks remain; a long prompt is prefilled in chunks over several steps. The
    prompt's cached prefix (whole blocks) is taken from the block manager, not computed.
-4. Admission runs at every step while at most half the batch slots are taken; fuller, at most every `step_length`
-   steps. A step with prefill tokens runs eagerly (decode-only steps replay CUDA graphs), so when requests end one
-   by one in a full batch, admitting at each step would make nearly every step an eager one; waiting a few steps
-   gathers the freed slots' prefills into one step instead (LMDeploy's PyTorch engine has the same rule,
-   `prefill_interval`). An under-filled engine, the interactive case, never waits.
+4. Admission runs at every step while nothing runs, or while at most half the batch slots are taken and the last
+   admission did not stop for want of KV blocks; otherwise (a full batch, or a full pool) at most every
+   `step_length` steps. A step with prefill tokens runs eagerly (decode-only steps replay CUDA graphs), so when
+   requests end one by one in a full batch, admitting at each step would make nearly every step an eager one;
+   waiting a few steps gathers the freed slots' prefills into one step instead (LMDeploy's PyTorch engine has a
+   like rule, `prefill_interval`). An under-filled engine, the interactive case, never waits.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self._seqs: dict[int, Sequence] = {}
         self._since_admission = step_length  # steps since the last one that admitted: the first step may
+        self._pool_full = False  # the last admission stopped for want of KV blocks: the pool caps the batch
         self.prefix_hit_tokens = 0  # over all admissions
 
     def add(self, seq: Sequence) -> None:
@@ -92,9 +94,12 @@ class Scheduler:
                 i += 1
         # batch slots taken: running sequences and the forks they will make at their first sample (parallel sampling)
         slots = len(self.running) + sum(s.num_reserved_forks for s in self.running) if self.waiting else 0
-        due = self._since_admission >= self.step_length or 2 * slots <= self.max_batch_size
+        due = (self._since_admission >= self.step_length or not self.running
+               or (2 * slots <= self.max_batch_size and not self._pool_full))
         admit = not preempted and due
         admitted = False
+        if admit and self.waiting:
+            self._pool_full = False  # until this admission stops for want of blocks
         while admit and self.waiting and budget > 0:
             seq = self.waiting[0]
             if seq.num_inflight:  # preempted while its last token was being sampled: admitted once it is known
@@ -105,6 +110,7 @@ class Scheduler:
             hit = len(matched) * self.block_manager.block_size
             n = min(len(seq) - hit, budget)
             if not self.block_manager.can_admit(matched, hit + n):
+                self._pool_full = True
                 break
             self.waiting.popleft()
             self.block_manager.admit(seq, matched, hit + n)

@@ -49,7 +49,7 @@ class WorkspaceConfig:
     max_position_embeddings: int
     max_batch_size: int = 64
     max_context_token_num: int = 2048
-    step_length: int = 1
+    step_length: int = 16
     cache_max_entry_count: float = 0.5
     cache_block_seq_len: int = 64
     cache_chunk_size: int = -1

@@ -159,3 +159,17 @@ def test_step_length_one_admits_at_every_step():
     eng.step()  # admits 0 and 1; 0 ends
     out = eng.step()
     assert 2 in [c.seq_id for c in out.chunks]
+
+
+def test_a_pool_that_caps_the_batch_counts_as_full():
+    # 8 blocks of 4 tokens; each sequence needs 2 blocks (6 tokens) to run: 4 fit, far below half of 64 slots
+    eng = FakeEngine(num_blocks=8, block_size=4, max_batch=64, step_length=3)
+    for i, new in enumerate((1, 3, 3, 3, 3)):
+        eng.add(i, [7, 8, 9, 10, 11], max_new=new)
+    admitted_at = _admission_steps(eng, 4)
+    # step 1 admits 0-3 and stops for want of blocks; seq 0 ends at once (one token): at step 2 the pool has room
+    # but the batch is pool-bound, so seq 4 waits for the interval (step 4)
+    assert {i: admitted_at[i] for i in range(4)} == {0: 1, 1: 1, 2: 1, 3: 1}
+    assert admitted_at[4] == 4
+    eng.run()
+    assert eng.bm.num_free == 8
