@@ -35,7 +35,8 @@ SHAPES = {"llama2-7b": LLAMA2_7B,  # Llama-3-8B: 32 heads / 8 KV heads, vocab 12
 GROUPS = (  # first match wins: (group, substrings of the kernel name, lower case)
     ("attention", ("_attention_kernel", "_combine_kernel", "flash", "sdpa", "attention")),
     ("fused layer ops", ("rms", "silu", "rotary", "rope", "norm")),
-    ("GEMM", ("nvjet", "gemm", "gemv", "cutlass", "sm90_xmma", "ampere", "cublas", "matmul", "splitk")),
+    ("GEMM", ("nvjet", "gemm", "gemv", "dense_mma", "split_sum", "cutlass", "sm90_xmma", "ampere", "cublas", "matmul",
+              "splitk")),
     ("sampling + logits", ("argmax", "softmax", "topk", "sort", "max", "reduce", "log_softmax", "cumsum")),
     ("copies + index", ("copy", "index", "gather", "scatter", "fill", "cat", "elementwise")),
 )

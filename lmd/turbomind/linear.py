@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -23,9 +22,6 @@ import torch.nn.functional as F
 from lmd.errors import LmdError
 from lmd.turbomind.kernel_choice import triton_module, triton_requested
 from lmd.turbomind.kernels.w8a8_reference import quantize_per_token_reference, scaled_mm_reference
-
-if TYPE_CHECKING:
-    from lmd.turbomind.kernels.dense_gemv import DenseGemvConfig
 
 W8A8_OPS_ENV = "LMD_W8A8_OPS"
 W8A8_GEMM_ENV = "LMD_W8A8_GEMM"
@@ -108,32 +104,35 @@ def cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
 
 
 class DenseLinear:
-    """One token row (batch-1 decode) runs the skinny GEMM where it beats cuBLAS on this GPU (`gemv_plan`, timed
-    once per weight shape at load); everything else is F.linear."""
+    """A decode batch of up to 64 token rows runs a skinny GEMM where it beats cuBLAS on this GPU (`plans_for`: the
+    one-row GEMV, the tensor-core kernel for 2-16 and 17-64 rows; timed once per weight shape at load); everything
+    else is F.linear."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.weight, self.bias = weight, bias
         self.out_features = weight.shape[0]
-        self.gemv = _gemv_plan(weight) if weight.is_cuda else None
+        self.plans = _plans(weight) if weight.is_cuda else {}
 
     def replan(self) -> None:
-        """The weight tensor was replaced (weight offload's device slot): choose the batch-1 kernel for it."""
-        self.gemv = _gemv_plan(self.weight) if self.weight.is_cuda else None
+        """The weight tensor was replaced (weight offload's device slot): choose the kernels for it."""
+        self.plans = _plans(self.weight) if self.weight.is_cuda else {}
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gemv is not None and x.dim() == 2 and x.shape[0] == 1 and x.stride(1) == 1:
-            from lmd.turbomind.kernels.dense_gemv import dense_gemv
+        if self.plans and x.dim() == 2 and x.stride(1) == 1:
+            from lmd.turbomind.kernels.dense_gemv_plan import bucket_of, run_planned
 
-            return dense_gemv(x, self.weight, self.bias, self.gemv)
+            config = self.plans.get(bucket_of(x.shape[0]))  # type: ignore[arg-type]
+            if config is not None:
+                return run_planned(x, self.weight, self.bias, config)
         return cpu_linear(x, self.weight, self.bias)
 
 
-def _gemv_plan(weight: torch.Tensor) -> DenseGemvConfig | None:
+def _plans(weight: torch.Tensor) -> dict:
     try:
-        from lmd.turbomind.kernels.dense_gemv_plan import gemv_plan
+        from lmd.turbomind.kernels.dense_gemv_plan import plans_for
     except ImportError:  # no Triton: cuBLAS
-        return None
-    return gemv_plan(weight)
+        return {}
+    return plans_for(weight)
 
 
 class Int4Linear:

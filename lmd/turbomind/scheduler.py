@@ -9,8 +9,9 @@ Ordering rules of one `schedule()`:
 3. Only when nothing was preempted, waiting sequences are admitted in FIFO order while a slot
    (`max_batch_size`), budget and blocks remain; a long prompt is prefilled in chunks over several steps. The
    prompt's cached prefix (whole blocks) is taken from the block manager, not computed.
-4. Admission runs at every step while nothing runs, or while at most half the batch slots are taken and the last
-   admission did not stop for want of KV blocks; otherwise (a full batch, or a full pool) at most every
+4. Admission runs at every step that would compute nothing else, or while at most half the slots are taken and the
+   last admission did not stop for want of KV blocks, or when the waiting prompts that the free slots would take
+   fill the step's token budget (a burst); otherwise (refills of a full batch, or of a full pool) at most every
    `step_length` steps. A step with prefill tokens runs eagerly (decode-only steps replay CUDA graphs), so when
    requests end one by one in a full batch, admitting at each step would make nearly every step an eager one;
    waiting a few steps gathers the freed slots' prefills into one step instead (LMDeploy's PyTorch engine has a
@@ -94,8 +95,9 @@ class Scheduler:
                 i += 1
         # batch slots taken: running sequences and the forks they will make at their first sample (parallel sampling)
         slots = len(self.running) + sum(s.num_reserved_forks for s in self.running) if self.waiting else 0
-        due = (self._since_admission >= self.step_length or not self.running
-               or (2 * slots <= self.max_batch_size and not self._pool_full))
+        due = (self._since_admission >= self.step_length or not chunks
+               or (2 * slots <= self.max_batch_size and not self._pool_full)
+               or (not self._pool_full and self._fills_budget(self.max_batch_size - slots, budget)))
         admit = not preempted and due
         admitted = False
         if admit and self.waiting:
@@ -125,6 +127,18 @@ class Scheduler:
             admitted = True
         self._since_admission = 1 if admitted else self._since_admission + 1
         return SchedulerOutput(tuple(chunks), tuple(preempted))
+
+    def _fills_budget(self, free_slots: int, budget: int) -> bool:
+        """The prompts that the free slots would admit hold at least the step's remaining token budget (a burst of
+        arrivals, not the trickle of refills that rule 4 gathers)."""
+        tokens = 0
+        for i, seq in enumerate(self.waiting):
+            if i >= free_slots:
+                return False
+            tokens += seq.num_uncomputed
+            if tokens >= budget:
+                return True
+        return False
 
     def add_running(self, seq: Sequence) -> None:
         """A sequence forked with its KV blocks in place (parallel sampling): it decodes from the next step."""

@@ -173,3 +173,14 @@ def test_a_pool_that_caps_the_batch_counts_as_full():
     assert admitted_at[4] == 4
     eng.run()
     assert eng.bm.num_free == 8
+
+
+def test_a_burst_that_fills_the_budget_is_admitted_at_once():
+    eng = FakeEngine(num_blocks=64, max_batch=6, budget=8, step_length=100)
+    for i in range(6):
+        eng.add(i, [1, 2, 3, 4], max_new=20)
+    admitted = _admission_steps(eng, 4)
+    # step 1: 0 and 1 (the budget); step 2: 2 of 6 slots taken (under half): 2 and a first chunk of 3; steps 3 and
+    # 4: more than half taken, but the waiting prompts fill the budget left after the running chunks (4 and 5 hold 8
+    # tokens against 4 left; then 5 holds 4 against 3): admitted although the interval has not passed
+    assert admitted == {0: 1, 1: 1, 2: 2, 3: 2, 4: 3, 5: 4}

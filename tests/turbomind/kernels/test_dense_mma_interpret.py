@@ -45,5 +45,11 @@ def test_matches_linear(results, case):
     assert error < (1e-5 if case[4] == "fp32" else 2e-3)
 
 
+def test_row_buckets():
+    from lmd.turbomind.kernels.dense_gemv_plan import bucket_of
+
+    assert [bucket_of(m) for m in (1, 2, 16, 17, 64, 65, 256)] == [1, 16, 16, 64, 64, None, None]
+
+
 if __name__ == "__main__":
     sys.stdout.write(json.dumps(run_jobs({"-".join(map(str, c)): (lambda c=c: _case(*c)) for c in CASES})))
