@@ -83,6 +83,7 @@ def graph_step_errors(ws: Path, prompts: list[list[int]], new_tokens: int, devic
             nonlocal steps
             out = captured(chunks, *rest)
             rows = list(range(len(chunks)))
+            chunks = known_ids(chunks, rest[0] if rest else None)  # the eager runs take no in-flight ids
             eager = runner.run_chunks(list(chunks), rows)
             os.environ["LMD_ATTENTION"] = "reference"
             reference = runner.run_chunks(list(chunks), rows)
@@ -100,6 +101,20 @@ def graph_step_errors(ws: Path, prompts: list[list[int]], new_tokens: int, devic
             s.result()
     return {key: dict(max_abs=max(v), mean_max_abs=sum(v) / len(v), argmax_same_steps=argmax_same[key],
                       steps=steps) for key, v in errors.items()}
+
+
+def known_ids(chunks: list, inflight: tuple[list[int], torch.Tensor] | None) -> list:
+    """The chunks with each INFLIGHT id (overlap: sampled by the step still running) replaced by its value, which
+    the graph's run took from the device: (flat position, row) pairs in `inflight`'s sources."""
+    if inflight is None:
+        return list(chunks)
+    sources, ids = inflight
+    values = dict(zip(sources[0::2], ids[torch.tensor(sources[1::2], device=ids.device)].tolist(), strict=True))
+    out, start = [], 0
+    for tokens, pos, table in chunks:
+        out.append(([values.get(start + i, t) for i, t in enumerate(tokens)], pos, table))
+        start += len(tokens)
+    return out
 
 
 def compare(a: list[list[int]], b: list[list[int]]) -> tuple[int, list[int]]:
