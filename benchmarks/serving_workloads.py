@@ -214,9 +214,11 @@ def real_requests(lengths: Sequence[tuple[int, int]], settings: Settings, vocab:
 
 
 def warmup_requests(requests: Sequence[BenchRequest], vocab: int, count: int, seed: int) -> list[BenchRequest]:
-    """The first prompt lengths with other ids (so the prefix cache cannot serve the timed run), 8 tokens each."""
+    """The first prompt lengths with other ids (so the prefix cache cannot serve the timed run), 16 tokens each:
+    `count` at least twice the batch, so that full-budget prefill steps and mixed steps at a full batch run before
+    the timing (their first runs pay one-time costs: ~4 s on the H200, docs/benchmarks.md, twelfth session)."""
     rng = random.Random(seed)
-    return [BenchRequest(random_ids(rng, r.prompt_len, vocab), min(8, r.output_len), True) for r in requests[:count]]
+    return [BenchRequest(random_ids(rng, r.prompt_len, vocab), min(16, r.output_len), True) for r in requests[:count]]
 
 
 # ---- phases ----
@@ -568,7 +570,7 @@ def run_model(name: str, spec: ModelSpec, lengths: Lengths, settings: Settings, 
     phases.results["models"][name] = results
     vocab = spec.shape["vocab_size"]
     requests = real_requests(lengths.requests[:args.num_requests], settings, vocab, settings.seed)
-    warmup = warmup_requests(requests, vocab, min(64, len(requests)), settings.seed + 1)
+    warmup = warmup_requests(requests, vocab, min(2 * settings.max_batch_size, len(requests)), settings.seed + 1)
     results["requests"] = {"prompt": length_stats([r.prompt_len for r in requests]),
                            "output": length_stats([r.output_len for r in requests])}
     if phases.left(name, "") <= 0:
