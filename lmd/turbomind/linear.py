@@ -105,8 +105,8 @@ def cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
 
 class DenseLinear:
     """A decode batch of up to 64 token rows runs a skinny GEMM where it beats cuBLAS on this GPU (`plans_for`: the
-    one-row GEMV, the tensor-core kernel for 2-16 and 17-64 rows; timed once per weight shape at load); everything
-    else is F.linear."""
+    one-row GEMV, the tensor-core kernel for 2-64 rows in four buckets; timed once per weight shape at load);
+    everything else is F.linear."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.weight, self.bias = weight, bias

@@ -2,8 +2,9 @@
 configs, or cuBLAS — whichever is faster on this GPU for this (rows bucket, N, K, dtype), timed once on the layer's
 own weight with cold L2 and kept on disk beside the W4A16 plans (`w4a16_plan_cache`, the same key scheme).
 
-Buckets: 1 row runs the CUDA-core GEMV (`dense_gemv`); 2-16 rows and 17-64 rows the tensor-core kernel
-(`dense_mma`), planned at 16 and at 64 rows. Measured on an H200 (docs/benchmarks.md): at 1 row the GEMV streams the
+Buckets: 1 row runs the CUDA-core GEMV (`dense_gemv`); 2-8, 9-16, 17-32 and 33-64 rows the tensor-core kernel
+(`dense_mma`), each planned at its largest row count (cuBLAS picks other kernels for fewer rows, so one bucket's
+verdict does not carry to the next). Measured on an H200 (docs/benchmarks.md): at 1 row the GEMV streams the
 Llama-7B/8B decode weights at 3.8-4.7 TB/s where cuBLAS reaches 3.3-4.2 (benchmarks/dense_gemv_probe.py); at 16
 rows the tensor-core kernel is 1.02-1.12x cuBLAS on every decode linear, at 64 rows 1.09-1.16x on the down
 projections and level or behind elsewhere, at 256 rows 0.72-0.94x (benchmarks/dense_mma_probe.py), so more rows
@@ -30,11 +31,12 @@ from lmd.turbomind.kernels.gpu_timing import cold_call_ms
 log = logging.getLogger("lmd.kernels")
 
 Config = DenseGemvConfig | DenseMmaConfig
+_FEW_ROWS = tuple(DenseMmaConfig(*c) for c in ((64, 128, 4, 4, 1), (64, 128, 4, 4, 2), (64, 64, 4, 5, 4)))
 # (block_n, block_k, warps, stages) of the GEMV; (block_n, block_k, warps, stages, split_k) of the MMA kernel
 CANDIDATES: dict[int, tuple[Config, ...]] = {
     1: tuple(DenseGemvConfig(n, k, 2, s) for n, k, s in (
         (4, 1024, 2), (4, 1024, 3), (4, 1024, 4), (4, 512, 3), (4, 512, 4), (2, 1024, 3), (2, 1024, 4), (8, 512, 4))),
-    16: tuple(DenseMmaConfig(*c) for c in ((64, 128, 4, 4, 1), (64, 128, 4, 4, 2), (64, 64, 4, 5, 4))),
+    **{rows: _FEW_ROWS for rows in (8, 16, 32)},
     64: tuple(DenseMmaConfig(*c) for c in ((64, 128, 4, 4, 2), (128, 64, 8, 3, 1))),
 }
 MARGIN = 0.97  # a skinny GEMM must beat cuBLAS by 3 %, more than the timing noise, to be chosen

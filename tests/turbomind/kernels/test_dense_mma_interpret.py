@@ -48,7 +48,7 @@ def test_matches_linear(results, case):
 def test_row_buckets():
     from lmd.turbomind.kernels.dense_gemv_plan import bucket_of
 
-    assert [bucket_of(m) for m in (1, 2, 16, 17, 64, 65, 256)] == [1, 16, 16, 64, 64, None, None]
+    assert [bucket_of(m) for m in (1, 2, 8, 9, 16, 17, 33, 64, 65, 256)] == [1, 8, 8, 16, 16, 32, 64, 64, None, None]
 
 
 if __name__ == "__main__":
