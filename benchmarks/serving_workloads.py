@@ -730,7 +730,6 @@ def print_tables(results: dict[str, Any]) -> None:
                                   speedup := prefix.get(f"ttft_mean_off_over_on_{submit}")) else ""))
         if "failed" in prefix or "skipped" in prefix:
             table.add_row(model, "prefix", "lmd", *["-"] * 6, prefix.get("failed") or prefix.get("skipped"))
-    console.print(table)
     for (model, system), trace in ((mr, s.get("step_trace")) for mr, s in (
             ((model, system), s) for model, r in results["models"].items()
             for system, s in r.get("real", {}).items() if system.startswith("lmd"))):
@@ -745,6 +744,7 @@ def print_tables(results: dict[str, Any]) -> None:
                           + f"; batch full until {_f(trace.get('last_full_batch_s'), 2)} s, "
                           f"tail (< 64 rows) {trace['tail_below_64_rows']['steps']} steps "
                           f"{trace['tail_below_64_rows']['wall_s']:.2f} s")
+    console.print(table)  # last
 
 
 # ---- main ----
