@@ -38,6 +38,13 @@ _ENGINE_METRICS = (
     ("lmd_generation_tokens_total", "counter", "generated_tokens", "Tokens generated."),
     ("lmd_preemptions_total", "counter", "preemptions", "Requests preempted to free KV blocks."),
     ("lmd_engine_steps_total", "counter", "steps", "Engine batch steps."),
+    (
+        "lmd_engine_prefill_steps_total",
+        "counter",
+        "prefill_steps",
+        "Engine steps that computed a prompt chunk of more than one token (run eagerly on CUDA; the others replay "
+        "CUDA graphs).",
+    ),
 )
 
 

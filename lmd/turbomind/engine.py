@@ -54,6 +54,7 @@ class EngineStats:
     generated_tokens: int
     preemptions: int
     steps: int
+    prefill_steps: int = 0  # steps with a prompt chunk of more than one token (eager on CUDA; the rest replay graphs)
     speculative_method: str | None = None  # None: no speculative decoding
     spec_verifications: int = 0  # sequence-steps that verified at least one proposed token
     spec_proposed_tokens: int = 0
@@ -108,7 +109,8 @@ class Engine:
         self._next_seq_id = 0
         self._inbox: list[Callable[[], None]] = []
         self._cv = threading.Condition()
-        self._counts = dict(prompt_tokens=0, computed_tokens=0, generated_tokens=0, preemptions=0, steps=0)
+        self._counts = dict(prompt_tokens=0, computed_tokens=0, generated_tokens=0, preemptions=0, steps=0,
+                            prefill_steps=0)
         self._stopping = False
         self._defer_output = start if cfg.async_output is None else cfg.async_output
         self._pending: list[tuple[RequestState, int, Any, Any, str | None]] = []  # accepted, text not yet streamed
@@ -280,6 +282,7 @@ class Engine:
                   else self.speculator.run(self.runner, output, self._states, ids))
         self.scheduler.complete_step(output)
         self._counts["steps"] += 1
+        self._counts["prefill_steps"] += any(len(c.token_ids) - c.num_draft > 1 for c in output.chunks)
         self._counts["computed_tokens"] += output.num_tokens
         self._counts["preemptions"] += len(output.preempted)
         # before a resolve frees any

@@ -61,6 +61,9 @@ def test_counters_follow_requests(client, engine):
     assert after[CHAT_LENGTH] - before.get(CHAT_LENGTH, 0) == 1
     assert after[CHAT_400] - before.get(CHAT_400, 0) == 1
     assert after["lmd_engine_steps_total"] > before["lmd_engine_steps_total"]
+    # the prompt's prefill is one step with a chunk of many tokens; the 6 decodes after it are not
+    prefill_steps = after["lmd_engine_prefill_steps_total"] - before["lmd_engine_prefill_steps_total"]
+    assert 1 <= prefill_steps < after["lmd_engine_steps_total"] - before["lmd_engine_steps_total"]
     assert after["lmd_kv_blocks_used"] == 0 and after["lmd_kv_blocks_free"] == after["lmd_kv_blocks_total"]
     assert after["lmd_requests_running"] == after["lmd_requests_waiting"] == 0
 
