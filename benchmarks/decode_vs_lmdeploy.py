@@ -2,6 +2,7 @@
 fp16 weights, 128 prompt / 128 output tokens, greedy, EOS ignored, batch 1 / 16 / 64 (issue 14's table).
 
     python3 benchmarks/decode_vs_lmdeploy.py [--batch-sizes 1,16,64] [--gpt-fast-batch-sizes 1,16] [--peers .peers]
+    python3 benchmarks/decode_vs_lmdeploy.py --weights int4 --no-gpt-fast   # lmd int4 beside LMDeploy serving AWQ
     python3 benchmarks/decode_vs_lmdeploy.py --tiny --peers ../shared/peers   # tiny model on CPU: checks the script
 
 lmd runs through `lmd.bench.latency` with deferred output off and on (engine option `async_output`) and CUDA graphs
@@ -37,7 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from engine import LLAMA2_7B, TINY, build_workspace, write_tokenizer  # noqa: E402
+from engine import LLAMA2_7B, TINY, build_workspace, prewarm_int4, write_tokenizer  # noqa: E402
 
 from lmd.bench.latency import LatencyConfig, run_latency  # noqa: E402
 
@@ -76,6 +77,49 @@ def write_hf_checkpoint(ws: Path, out: Path, shape: dict, session_len: int = 102
     del state
     LlamaConfig(**shape, max_position_embeddings=session_len, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2,
                 dtype=dtype, architectures=["LlamaForCausalLM"]).save_pretrained(str(out))
+    write_tokenizer(out, shape["vocab_size"])
+    return out
+
+
+def write_awq_checkpoint(ws: Path, out: Path, shape: dict, session_len: int = 1024) -> Path:
+    """lmd's int4 workspace back as an AutoAWQ gemm checkpoint with the same codes, scales and zeros
+    (`w4a16_layout.engine_to_awq`), for LMDeploy's AWQ path: fp16 norms, embedding and lm_head; q/k/v and gate/up
+    split out of the fused linears along their outputs."""
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig
+
+    from lmd.deploy.workspace_reader import load_rank_tensors, read_workspace_config
+    from lmd.turbomind.kernels.w4a16_layout import engine_to_awq
+    from lmd.workspace_format.rank_layout import merge_ranks
+
+    cfg = read_workspace_config(ws)
+    whole = merge_ranks([load_rank_tensors(ws, r) for r in range(cfg.tensor_para_size)], cfg.rank_shape)
+    vocab, d = cfg.vocab_size, cfg.size_per_head
+    state = {"model.embed_tokens.weight": whole["tok_embeddings.weight"][:vocab],
+             "model.norm.weight": whole["norm.weight"], "lm_head.weight": whole["output.weight"][:vocab]}
+
+    def put(name: str, prefix: str, cols: slice) -> None:
+        qweight, scales, zeros = (whole[f"{prefix}.{t}"][:, cols] for t in ("qweight", "scales", "zeros"))
+        state[f"{name}.qweight"], state[f"{name}.qzeros"], state[f"{name}.scales"] = engine_to_awq(
+            qweight.contiguous(), scales.contiguous(), zeros.contiguous())
+
+    q, kv, inter = cfg.head_num * d, cfg.kv_head_num * d, shape["intermediate_size"]
+    for i in range(cfg.num_layer):
+        src, hf = f"layers.{i}.", f"model.layers.{i}."
+        state[f"{hf}input_layernorm.weight"] = whole[f"{src}attention_norm.weight"]
+        state[f"{hf}post_attention_layernorm.weight"] = whole[f"{src}ffn_norm.weight"]
+        for name, cols in (("q_proj", slice(0, q)), ("k_proj", slice(q, q + kv)), ("v_proj", slice(q + kv, q + 2 * kv))):
+            put(f"{hf}self_attn.{name}", f"{src}attention.w_qkv", cols)
+        put(f"{hf}self_attn.o_proj", f"{src}attention.wo", slice(None))
+        put(f"{hf}mlp.gate_proj", f"{src}feed_forward.w13", slice(0, inter))
+        put(f"{hf}mlp.up_proj", f"{src}feed_forward.w13", slice(inter, 2 * inter))
+        put(f"{hf}mlp.down_proj", f"{src}feed_forward.w2", slice(None))
+    out.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    LlamaConfig(**shape, max_position_embeddings=session_len, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2,
+                dtype="float16", architectures=["LlamaForCausalLM"],
+                quantization_config={"quant_method": "awq", "bits": 4, "group_size": cfg.group_size,
+                                     "zero_point": True, "version": "gemm"}).save_pretrained(str(out))
     write_tokenizer(out, shape["vocab_size"])
     return out
 
@@ -193,6 +237,8 @@ def run_gpt_fast(ws: Path, args: argparse.Namespace, shape: dict, device: str) -
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batch-sizes", default="1,16,64")
+    p.add_argument("--weights", default="fp16", choices=("fp16", "int4"),
+                   help="int4: an AWQ g128 workspace for lmd, its AutoAWQ checkpoint for LMDeploy (gpt-fast skipped)")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
@@ -231,7 +277,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.setswitchinterval(args.switch_interval_ms / 1e3)
         results["switch_interval_ms"] = args.switch_interval_ms
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as tmp:
-        ws = build_workspace(Path(tmp, "ws"), shape, False, 1024, torch.device(device))
+        int4 = args.weights == "int4"
+        ws = build_workspace(Path(tmp, "ws"), shape, int4, 1024, torch.device(device))
+        if int4 and device == "cuda":
+            prewarm_int4(ws, max(args.batch_sizes), torch.device(device))  # timing never includes W4A16 tuning
+        results["weights"] = args.weights
         for async_output in (False, True):
             label = f"lmd async_output {'on' if async_output else 'off'}"
             print(f"[{label}]", flush=True)
@@ -241,9 +291,9 @@ def main(argv: list[str] | None = None) -> None:
                 torch.cuda.empty_cache()
         if not args.no_peer:
             print("[LMDeploy 0.18 PyTorch engine]", flush=True)
-            hf_dir = write_hf_checkpoint(ws, Path(tmp, "hf"), shape)
+            hf_dir = (write_awq_checkpoint if int4 else write_hf_checkpoint)(ws, Path(tmp, "hf"), shape)
             results["LMDeploy 0.18 PT"] = run_lmdeploy(hf_dir, args)
-        if not args.no_gpt_fast:
+        if not args.no_gpt_fast and not int4:
             print("[gpt-fast]", flush=True)
             results["gpt-fast"] = run_gpt_fast(ws, args, shape, device)
     out = Path(os.environ.get("OUT", "."), "decode_vs_lmdeploy.json")
@@ -259,7 +309,8 @@ def print_table(results: dict, batch_sizes: list[int]) -> None:
     def cell(value: float | None, fmt: str) -> str:
         return f"{'—' if value is None else format(value, fmt):>26}"
 
-    print(f"\n{results['gpu']}: decode ms/token (mean over requests), {INPUT_LEN} in / {OUTPUT_LEN} out, fp16")
+    print(f"\n{results['gpu']}: decode ms/token (mean over requests), {INPUT_LEN} in / {OUTPUT_LEN} out, "
+          f"{results.get('weights', 'fp16')} weights")
     print(f"{'batch':>6}" + "".join(f"{s:>26}" for s in systems))
     for b in batch_sizes:
         print(f"{b:>6}" + "".join(cell(results[s].get("rows", {}).get(b, {}).get("decode_ms_mean"), ".2f")

@@ -32,12 +32,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lmd.turbomind.kernels.w4a16 import TUNE_LOG, plan_for, plan_key, run_plan  # noqa: E402
-from lmd.turbomind.kernels.w4a16_layout import (  # noqa: E402
-    dequantize,
-    pack_awq_int32,
-    quantize_to_engine,
-    unpack_codes_along_k,
-)
+from lmd.turbomind.kernels.w4a16_layout import dequantize, engine_to_awq, quantize_to_engine  # noqa: E402
 
 AWQ_KERNELS = "lmdeploy/pytorch/kernels/cuda/awq_kernels.py"
 
@@ -106,15 +101,6 @@ def load_lmdeploy_awq(peers: Path, log: list) -> ModuleType | None:
     return module
 
 
-def awq_gemm_tensors(qw: torch.Tensor, s: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
-                                                                                   torch.Tensor]:
-    """The engine layout (codes along K, zeros = -zero * scale) as AutoAWQ gemm tensors: qweight [K, N/8],
-    scales [K/g, N], qzeros [K/g, N/8] (integer zeros, recovered from the engine's float ones)."""
-    codes = unpack_codes_along_k(qw)  # [K, N]
-    zero = torch.round(-z.float() / s.float()).clamp(0, 15).to(torch.int32)
-    return pack_awq_int32(codes).contiguous(), s.contiguous(), pack_awq_int32(zero).contiguous()
-
-
 def programs(plan, m: int, n: int, k: int) -> int:
     """Programs (CTAs) the plan launches; over the SM count that is the number of waves if one program fits per SM."""
     name = type(plan).__name__
@@ -142,7 +128,11 @@ def bench_shape(n: int, k: int, ms: list[int], group: int, log: list, awq: Modul
     quant = [(qw.clone(), s.clone(), z.clone()) for _ in range(copies)]
     tg = tinygemm_pack(w, group)
     tiny = [(tg[0].clone(), tg[1].clone()) for _ in range(copies)]
-    lmdeploy = [] if awq is None else [tuple(t.clone() for t in awq_gemm_tensors(qw, s, z)) for _ in range(copies)]
+    if awq is None:
+        lmdeploy = []
+    else:  # awq_linear(x, qweight, scales, qzeros)
+        aw, az, asc = engine_to_awq(qw, s, z)
+        lmdeploy = [(aw.clone(), asc.clone(), az.clone()) for _ in range(copies)]
     reference = dequantize(qw, s, z).float()  # [K, N]
     rows = []
     for m in ms:

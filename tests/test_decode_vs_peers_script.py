@@ -82,3 +82,24 @@ def test_a_child_that_hangs_is_reported_not_fatal(tmp_path):
     assert result["failed"] == "timed out after 1 s" and result["rows"] == {1: {"decode_ms_mean": 4.0}}
     assert run_child([sys.executable, "-c", "raise SystemExit(3)"], tmp_path / "none.json", 30) == {
         "failed": "exit code 3", "child_wall_s": pytest.approx(0, abs=30)}
+
+
+def test_awq_checkpoint_for_lmdeploy_holds_the_workspace_weights(tmp_path):
+    """--weights int4: LMDeploy reads an AutoAWQ gemm checkpoint written from lmd's int4 workspace; read back, its
+    weights are the workspace's (the same codes, scales and zeros: AWQ's (q - z) * s against the engine's q * s + z)."""
+    import decode_vs_lmdeploy as bench
+    from engine import TINY, build_workspace
+
+    from lmd.deploy.workspace_reader import reconstruct_hf_state_dict
+    from lmd.lite.awq_export import dequantized_state_dict
+
+    ws = build_workspace(tmp_path / "ws", TINY, True, 256, torch.device("cpu"))
+    out = bench.write_awq_checkpoint(ws, tmp_path / "awq", TINY, 256)
+    config = json.loads((out / "config.json").read_text())
+    assert config["quantization_config"] == {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True,
+                                             "version": "gemm"}
+    got, want = dequantized_state_dict(out), reconstruct_hf_state_dict(ws)
+    assert set(got) == set(want)
+    for name, tensor in want.items():
+        torch.testing.assert_close(got[name], tensor.float(), rtol=0, atol=2e-3 * tensor.float().abs().max().item(),
+                                   msg=name)

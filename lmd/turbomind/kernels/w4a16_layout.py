@@ -82,6 +82,16 @@ def awq_to_engine(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Ten
     return pack_codes_along_k(codes), s.to(dtype), (-z * s).to(dtype)
 
 
+def engine_to_awq(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Inverse of awq_to_engine: engine (qweight [K/8, N], scales, zeros = -zero * scale) -> AutoAWQ gemm (qweight
+    [K, N/8], qzeros [K/g, N/8], scales [K/g, N] fp16). The integer zeros are recovered by rounding
+    -zeros / scales, exact for zeros the engine made from integers (any AWQ or RTN checkpoint)."""
+    codes = unpack_codes_along_k(qweight)
+    zero = torch.round(-zeros.float() / scales.float()).clamp(0, 15).to(torch.int32)
+    return pack_awq_int32(codes), pack_awq_int32(zero), scales.to(torch.float16).contiguous()
+
+
 def quantize_to_engine(weight: torch.Tensor, group_size: int, dtype: torch.dtype = torch.float16
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Round-to-nearest asymmetric int4 of a dense W [N, K] straight into the engine layout (tests, benchmarks)."""

@@ -10,6 +10,7 @@ from lmd.turbomind.kernels.w4a16_layout import (
     AWQ_ORDER,
     awq_to_engine,
     dequantize,
+    engine_to_awq,
     pack_awq_int32,
     pack_codes_along_k,
     quantize_to_engine,
@@ -55,6 +56,16 @@ def test_awq_to_engine_matches_autoawq_dequant(group: int) -> None:
     direct = (codes.to(torch.float32) - rep(zeros)) * rep(scales)  # AutoAWQ: w = (q - z) * s, W.T [K, N]
     qw, s, z = awq_to_engine(qweight, qzeros, scales, group, dtype=torch.float32)
     torch.testing.assert_close(dequantize(qw, s, z), direct, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("group", [64, 128])
+def test_engine_to_awq_round_trip(group: int) -> None:
+    k, n = 256, 48
+    qweight = _awq_pack_by_hand(torch.randint(0, 16, (k, n), dtype=torch.int32))
+    qzeros = _awq_pack_by_hand(torch.randint(0, 16, (k // group, n), dtype=torch.int32))
+    scales = (torch.rand(k // group, n) * 0.02 + 0.001).to(torch.float16)
+    back = engine_to_awq(*awq_to_engine(qweight, qzeros, scales, group, dtype=torch.float16))
+    assert torch.equal(back[0], qweight) and torch.equal(back[1], qzeros) and torch.equal(back[2], scales)
 
 
 def test_awq_to_engine_rejects_wrong_group() -> None:
