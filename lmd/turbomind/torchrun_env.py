@@ -83,10 +83,13 @@ def open_store(env: TorchrunEnv, timeout_s: float):  # -> torch.distributed.Stor
     return dist.PrefixStore("lmd", store)
 
 
+CONTROL_TIMEOUT = timedelta(days=365)
+
+
 @dataclass(frozen=True)
 class Joined:
     store: object  # lmd's keys in the launcher's store: host names, heartbeats
-    control: object  # a gloo group over every rank: the driver's batches (whatever the model's backend)
+    control: object  # a gloo group over every rank: the driver's batches (whatever the model's backend), no timeout
 
 
 def join_torchrun_group(env: TorchrunEnv, device: torch.device, tp: int, timeout_s: float) -> Joined:
@@ -112,7 +115,10 @@ def join_torchrun_group(env: TorchrunEnv, device: torch.device, tp: int, timeout
     dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=env.rank, world_size=env.world,
                             timeout=timedelta(seconds=timeout_s))
     create_tp_groups(env.rank, env.world, tp)
-    control = dist.group.WORLD if backend == "gloo" else dist.new_group(backend="gloo")
+    # A group of its own, whose waits never time out: a worker waits on it for the driver's next batch, which may come
+    # after any idle time (on the model's group, timeout_s, an idle server lost its workers). A dead driver is still
+    # noticed at once (its connections close).
+    control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
     return Joined(store, control)
 
 

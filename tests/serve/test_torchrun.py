@@ -114,7 +114,9 @@ def test_two_nodes_serve_the_replies_of_one_process_and_a_killed_rank_stops_both
              "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(master),
              "-m", "lmd", "serve", str(ws3), "--pp", "2", "--device", "cpu", "--port", str(http),
              "--cache-max-entry-count", "64"],
-            stdout=log, stderr=subprocess.STDOUT, env=_env(LMD_JOIN_TIMEOUT="120")))
+            stdout=log, stderr=subprocess.STDOUT,
+            # a collective that waits on the killed rank ends within 30 s even when its closed connection is missed
+            env=_env(LMD_JOIN_TIMEOUT="120", LMD_TP_TIMEOUT="30")))
     url = f"http://127.0.0.1:{http}"
     try:
         _wait_healthy(url, procs)
