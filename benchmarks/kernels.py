@@ -133,7 +133,7 @@ def bench_shape(n: int, k: int, ms: list[int], group: int, log: list, awq: Modul
     else:  # awq_linear(x, qweight, scales, qzeros)
         aw, az, asc = engine_to_awq(qw, s, z)
         lmdeploy = [(aw.clone(), asc.clone(), az.clone()) for _ in range(copies)]
-    reference = dequantize(qw, s, z).float()  # [K, N]
+    reference = None if awq is None else dequantize(qw, s, z).float()  # [K, N]
     rows = []
     for m in ms:
         x = torch.randn(m, k, device=dev, dtype=torch.float16)

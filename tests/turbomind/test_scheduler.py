@@ -152,13 +152,11 @@ def test_a_batch_at_most_half_full_admits_at_once():
 
 
 def test_step_length_one_admits_at_every_step():
-    eng = FakeEngine(num_blocks=64, max_batch=2)
-    eng.add(0, [1], max_new=1)
-    eng.add(1, [1, 2], max_new=5)
-    eng.add(2, [3], max_new=5)
-    eng.step()  # admits 0 and 1; 0 ends
-    out = eng.step()
-    assert 2 in [c.seq_id for c in out.chunks]
+    # the batch of the step_length=3 test above: more than half full when seq 3 ends, so only the interval decides
+    eng = FakeEngine(num_blocks=64, max_batch=4, step_length=1)
+    for i, new in enumerate((50, 50, 50, 2, 50, 50)):
+        eng.add(i, [7, 8], max_new=new)
+    assert _admission_steps(eng, 4) == {0: 1, 1: 1, 2: 1, 3: 1, 4: 3}
 
 
 def test_a_pool_that_caps_the_batch_counts_as_full():

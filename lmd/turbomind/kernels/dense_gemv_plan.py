@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -60,13 +59,10 @@ def enabled() -> bool:
     return os.environ.get("LMD_DENSE_GEMV", "1") != "0" and os.environ.get("TRITON_INTERPRET", "0") != "1"
 
 
-def _run(config: Config) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]:
-    return (lambda x, w, b: dense_gemv(x, w, b, config)) if isinstance(config, DenseGemvConfig) else (
-        lambda x, w, b: dense_mma(x, w, b, config))
-
-
 def run_planned(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: Config) -> torch.Tensor:
-    return _run(config)(x, weight, bias)
+    if isinstance(config, DenseGemvConfig):
+        return dense_gemv(x, weight, bias, config)
+    return dense_mma(x, weight, bias, config)
 
 
 def plans_for(weight: torch.Tensor) -> dict[int, Config]:
@@ -115,12 +111,11 @@ def tune(weight: torch.Tensor, rows: int) -> Config | CublasPlan:
     cublas_ms = cold_call_ms(lambda: F.linear(x, weight), flush)
     best: tuple[float, Config] | None = None
     for config in CANDIDATES[rows]:
-        run = _run(config)
         with contextlib.suppress(Exception):  # a config the compiler rejects is not a candidate
-            if output_is_wrong(run(x, weight, None), ref):
+            if output_is_wrong(run_planned(x, weight, None, config), ref):
                 log.warning("dense %s gives wrong output for %s; not a candidate", config.name(), tuple(weight.shape))
                 continue
-            ms = cold_call_ms(lambda run=run: run(x, weight, None), flush)
+            ms = cold_call_ms(lambda c=config: run_planned(x, weight, None, c), flush)
             if best is None or ms < best[0]:
                 best = (ms, config)
     del flush
