@@ -730,9 +730,11 @@ def print_tables(results: dict[str, Any]) -> None:
                                   speedup := prefix.get(f"ttft_mean_off_over_on_{submit}")) else ""))
         if "failed" in prefix or "skipped" in prefix:
             table.add_row(model, "prefix", "lmd", *["-"] * 6, prefix.get("failed") or prefix.get("skipped"))
-    for (model, system), trace in ((mr, s.get("step_trace")) for mr, s in (
-            ((model, system), s) for model, r in results["models"].items()
-            for system, s in r.get("real", {}).items() if system.startswith("lmd"))):
+    traced = [((model, system), s) for model, r in results["models"].items()
+              for system, s in r.get("real", {}).items() if system.startswith("lmd")]
+    traced += [((model, f"lmd KV {label}"), s) for model, r in results["models"].items()
+               for label, s in r.get("kv-int8", {}).items() if label in ("float", "int8")]
+    for (model, system), trace in ((mr, s.get("step_trace")) for mr, s in traced):
         if trace and trace.get("steps"):
             parts = [f"{kind} {t['steps']} steps ({t['graph_steps']} graphs) wall {t['wall_s']:.2f} s GPU "
                      f"{t['gpu_s']:.2f} s, median GPU {_f(t['median_gpu_ms'], 2)} ms, launch "
