@@ -7,7 +7,9 @@ For each context the engine (start=False, CUDA graphs off so that every kernel l
 prompts of that length, decodes a few warm-up steps, then runs `steps` decode steps under torch.profiler. Kernel
 times are summed per kernel name and divided by the number of steps; kernels are also grouped (GEMM, attention,
 fused layer ops, sampling and logits, copies, other). The whole GPU step with graph replay is timed separately
-with CUDA events (same batch, same context) for comparison. Writes $OUT/decode_step_kernels.json, prints tables.
+with CUDA events (same batch, same context) for comparison. `--prefill N`: each profiled step also admits a new
+prompt of N tokens, so it is a mixed step (eager in the engine; no graph replay then). Writes
+$OUT/decode_step_kernels.json, prints tables.
 """
 
 from __future__ import annotations
@@ -49,8 +51,10 @@ def group_of(name: str) -> str:
 
 def decoding_engine(ws: Path, args: argparse.Namespace, context: int, cuda_graph: bool, device: str) -> Engine:
     engine = Engine(ws, start=False, device=device, dtype="fp16" if device == "cuda" else "fp32",
-                    max_batch_size=args.batch, session_len=context + 256, cache_max_entry_count=0.5,
-                    max_context_token_num=max(2048, context), cuda_graph=cuda_graph, quant_policy=args.quant_policy)
+                    max_batch_size=args.batch + (args.steps + 1 if args.prefill else 0),
+                    session_len=max(context, args.prefill) + 256, cache_max_entry_count=0.5,
+                    max_context_token_num=max(2048, context, args.batch + args.steps + args.prefill + 1),
+                    cuda_graph=cuda_graph, quant_policy=args.quant_policy, step_length=1)
     g = torch.Generator().manual_seed(context)
     gen = GenerationConfig(max_new_tokens=10**4, temperature=0, ignore_eos=True)
     vocab = engine.workspace.model.vocab_size
@@ -60,6 +64,8 @@ def decoding_engine(ws: Path, args: argparse.Namespace, context: int, cuda_graph
     while engine.stats().waiting or any(s.num_uncomputed > 1 for s in engine.scheduler.running):
         engine.step()  # prefill every prompt
     assert len(engine.scheduler.running) == args.batch, "every sequence decodes (raise cache_max_entry_count)"
+    engine.prefill_prompts = lambda: [engine.generate(torch.randint(3, vocab, (args.prefill,), generator=g).tolist(),
+                                                      gen) for _ in range(1 if args.prefill else 0)]
     for _ in range(3):
         engine.step()  # warm-up decode steps
     return engine
@@ -68,9 +74,12 @@ def decoding_engine(ws: Path, args: argparse.Namespace, context: int, cuda_graph
 def kernel_profile(engine: Engine, steps: int) -> dict[str, float]:
     from torch.profiler import ProfilerActivity, profile
 
+    engine.prefill_prompts()  # --prefill: a first mixed step outside the profile (new shapes, compiles)
+    engine.step()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
+            engine.prefill_prompts()
             engine.step()
         torch.cuda.synchronize()
     per_kernel: dict[str, float] = defaultdict(float)
@@ -106,10 +115,12 @@ def main() -> None:
     p.add_argument("--top", type=int, default=14, help="kernels listed per context")
     p.add_argument("--quant-policy", type=int, default=0, choices=(0, 4), help="KV cache: 0 fp16, 4 online int8")
     p.add_argument("--shape", default="llama2-7b", choices=tuple(SHAPES), help="model shape (random weights)")
+    p.add_argument("--prefill", type=int, default=0, help="tokens of a new prompt admitted by every profiled step")
     args = p.parse_args()
     device = "cuda"
     contexts = [int(c) for c in args.contexts.split(",")]
     results: dict = {"gpu": torch.cuda.get_device_name(), "batch": args.batch, "steps": args.steps,
+                     "prefill": args.prefill,
                      "quant_policy": args.quant_policy, "contexts": {}}
     with tempfile.TemporaryDirectory() as tmp:
         ws = build_workspace(Path(tmp, "ws"), SHAPES[args.shape], False, 2048, torch.device(device))
@@ -120,12 +131,14 @@ def main() -> None:
             del engine  # its weights and KV pool go before the next engine sizes its own
             gc.collect()
             torch.cuda.empty_cache()
-            engine = decoding_engine(ws, args, context, cuda_graph=True, device=device)
-            replay = graph_step_ms(engine, args.steps)
-            engine.close()
-            del engine
-            gc.collect()
-            torch.cuda.empty_cache()
+            replay = None
+            if not args.prefill:
+                engine = decoding_engine(ws, args, context, cuda_graph=True, device=device)
+                replay = graph_step_ms(engine, args.steps)
+                engine.close()
+                del engine
+                gc.collect()
+                torch.cuda.empty_cache()
             groups: dict[str, float] = defaultdict(float)
             for name, ms in kernels.items():
                 groups[group_of(name)] += ms
@@ -134,8 +147,10 @@ def main() -> None:
     Path(os.environ.get("OUT", "."), "decode_step_kernels.json").write_text(json.dumps(results, indent=1))
     for context, r in results["contexts"].items():
         kv = "int8" if args.quant_policy == 4 else "fp16"
-        print(f"\n{results['gpu']}, fp16 {args.shape} shape, KV {kv}, batch {args.batch}, context {context}: "
-              f"graph replay {r['graph_replay_ms']:.3f} ms/step, eager kernels sum {r['kernel_sum_ms']:.3f} ms")
+        replay = "" if r["graph_replay_ms"] is None else f"graph replay {r['graph_replay_ms']:.3f} ms/step, "
+        print(f"\n{results['gpu']}, fp16 {args.shape} shape, KV {kv}, batch {args.batch}, context {context}"
+              + (f", + a {args.prefill}-token prompt per step" if args.prefill else "")
+              + f": {replay}eager kernels sum {r['kernel_sum_ms']:.3f} ms")
         for group, ms in sorted(r["groups_ms"].items(), key=lambda kv: -kv[1]):
             print(f"  {group:20} {ms:8.3f}")
         for name, ms in list(r["kernels_ms"].items())[: args.top]:

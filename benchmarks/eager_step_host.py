@@ -44,7 +44,15 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--tiny", action="store_true", help="a tiny model on CPU (script check)")
+    p.add_argument("--pad", default="off,on", help="runs with the runner's padding of eager steps off and/or on")
     args = p.parse_args()
+    results = [measure(args, pad == "on") for pad in args.pad.split(",")]
+    Path(os.environ.get("OUT", "."), "eager_step_host.json").write_text(json.dumps(results, indent=1))
+    for result in results:
+        report(result, args.top)
+
+
+def measure(args: argparse.Namespace, pad: bool) -> dict:
     device = "cpu" if args.tiny else "cuda"
     shape = dict(TINY if args.tiny else SHAPES[args.shape])
     shape["num_hidden_layers"] = 2 if args.tiny else args.layers
@@ -55,6 +63,7 @@ def main() -> None:
         engine = Engine(ws, start=False, device=device, dtype="fp32" if args.tiny else "fp16",
                         max_batch_size=batch + args.steps + 1, session_len=1024, cache_max_entry_count=0.5,
                         max_context_token_num=max(2048, batch * context), step_length=1)  # every step admits
+        engine.runner.pad_eager = pad
         g = torch.Generator().manual_seed(0)
         vocab = engine.workspace.model.vocab_size
         gen = GenerationConfig(max_new_tokens=10**4, temperature=0, ignore_eos=True)
@@ -99,19 +108,22 @@ def main() -> None:
     stats = pstats.Stats(profiler)
     rows = sorted(((fn, st[2], st[3], st[1]) for fn, st in stats.stats.items()), key=lambda r: -r[1])[:args.top]
     steps = len(host) + 1
-    result = {"shape": args.shape, "layers": shape["num_hidden_layers"], "batch": batch, "prefill": args.prefill,
-              "host_ms": host, "gpu_ms": gpu,
-              "top": [dict(function=f"{Path(fn[0]).name}:{fn[1]} {fn[2]}", tottime_ms_per_step=tt * 1e3 / steps,
-                           cumtime_ms_per_step=ct * 1e3 / steps, calls_per_step=n / steps) for fn, tt, ct, n in rows]}
-    Path(os.environ.get("OUT", "."), "eager_step_host.json").write_text(json.dumps(result, indent=1))
-    print(f"\n{'function (cProfile: own time; all steps incl. warm-up)':<70} {'own ms/step':>11} {'cum ms/step':>11} "
-          f"{'calls/step':>10}")
-    for r in result["top"]:
+    return {"shape": args.shape, "layers": shape["num_hidden_layers"], "batch": batch, "prefill": args.prefill,
+            "pad_eager": pad, "host_ms": host, "gpu_ms": gpu,
+            "top": [dict(function=f"{Path(fn[0]).name}:{fn[1]} {fn[2]}", tottime_ms_per_step=tt * 1e3 / steps,
+                         cumtime_ms_per_step=ct * 1e3 / steps, calls_per_step=n / steps) for fn, tt, ct, n in rows]}
+
+
+def report(result: dict, top: int) -> None:
+    pad = "on" if result["pad_eager"] else "off"
+    title = f"function (cProfile: own time; all steps incl. warm-up), padding {pad}"
+    print(f"\n{title:<70} {'own ms/step':>11} {'cum ms/step':>11} {'calls/step':>10}")
+    for r in result["top"][:top]:
         print(f"{r['function'][:70]:<70} {r['tottime_ms_per_step']:>11.3f} {r['cumtime_ms_per_step']:>11.3f} "
               f"{r['calls_per_step']:>10.1f}")
-    layers = shape["num_hidden_layers"]
-    print(f"\nmixed step, {layers} layers, {batch} decodes + {args.prefill} prefill tokens: host launch "
-          f"{statistics.median(host):.2f} ms ({statistics.median(host) / layers:.3f} per layer)"
+    layers, host, gpu = result["layers"], result["host_ms"], result["gpu_ms"]
+    print(f"\nmixed step, padding {pad}, {layers} layers, {result['batch']} decodes + {result['prefill']} prefill "
+          f"tokens: host launch {statistics.median(host):.2f} ms ({statistics.median(host) / layers:.3f} per layer)"
           + (f", GPU {statistics.median(gpu):.2f} ms" if gpu else ""))
 
 

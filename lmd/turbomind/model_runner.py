@@ -169,6 +169,7 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         self.verify_graphs: dict[int, DecodeGraphs] = {}  # T -> graphs of steps of up to T tokens per sequence
         self._max_batch, self._session_len = engine_cfg.max_batch_size, engine_cfg.session_len
+        self.pad_eager = self.device.type == "cuda"  # `_padded`; tests turn it on for the CPU
         if self._scratch and self.device.type == "cuda" and self._graphs_supported(engine_cfg):
             self.enable_decode_graphs(capture=True)
 
@@ -238,12 +239,27 @@ class ModelRunner:
             return graphs.run(chunks, patch, rows)
         if self.stage is not None:
             return self.run_chunks(chunks, rows)
+        if adjust is None:
+            chunks = self._padded(chunks)
         batch = self._batch(chunks, rows)
         if adjust is not None:
             batch = adjust(batch)
         if patch is not None:
             patch_inflight(batch.input_ids, *patch)
         return self._forward(batch)
+
+    def _padded(self, chunks: list[tuple[list[int], int, list[int]]]) -> list[tuple[list[int], int, list[int]]]:
+        """An eager step's chunks and, when `pad_eager` is on, one more chunk of filler tokens in the scratch block
+        (as the decode graphs pad their batches), so that the step's token count is a multiple of 16 (up to 256
+        tokens) or 64. cuBLAS picks a GEMM algorithm per new shape, ~0.2 ms of host time per linear on the H200
+        (docs/benchmarks.md), and mixed steps of a serving run have a new token count nearly every step; rounded,
+        the shapes repeat. The filler's rows come after every real one: logit rows and in-flight positions stay."""
+        if not self.pad_eager or not self._scratch:
+            return chunks
+        tokens = sum(len(c[0]) for c in chunks)
+        step = min(16 if tokens <= 256 else 64, self.block_size)  # the filler fits the one scratch block
+        pad = -tokens % step
+        return chunks + [([0] * pad, 0, [self.cache.num_blocks - 1])] if pad else chunks
 
     def run_chunks(self, chunks: list[tuple[list[int], int, list[int]]], rows: list[int]) -> torch.Tensor:
         """Logits of `rows` of the flat batch of `chunks` (token ids, start, block table); on a worker rank the
