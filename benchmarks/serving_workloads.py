@@ -24,7 +24,9 @@ Workloads (`--workloads`):
   output length counts as useful tokens, the padding steps do not). Output tok/s, requests/s, total time, ratios.
 - kv-int8 (5c): lmd only; the KV pool sized to `--kv-cache-tokens` of fp16 KV, so the running batch is capped well
   below the requests in flight, against `quant_policy=4` (online int8 KV) in the same bytes (`kv_cache.block_bytes`:
-  1.94x the blocks at head_dim 128). Requests/s and the mean running batch (engine.stats() polled every 10 ms).
+  1.94x the blocks at head_dim 128), on `--kv-requests` requests (the real lengths cycled, fresh ids: 2048, so that
+  the pool caps the batch for most of the run rather than only until the longest replies are left). Requests/s and
+  the mean running batch (engine.stats() polled every 10 ms).
 - prefix (5d): lmd only; MT-bench's 80 conversations. Turn 1 (all at once, `--prefix-reply-len` tokens each), then
   turn 2 = turn-1 prompt + the reply's token ids + the second question, one at a time and all at once; TTFT with the
   prefix cache on and off, prefix-hit tokens from engine.stats(). lmd has no switch for the prefix cache, so "off"
@@ -40,9 +42,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import cProfile
 import gc
 import json
 import os
+import pstats
 import random
 import shutil
 import statistics
@@ -302,10 +306,31 @@ def lmd_real(engine: Any, options: dict[str, Any], requests: list[BenchRequest],
              during: contextlib.AbstractContextManager[Any] | None = None) -> dict[str, Any]:
     """Every request at once after a warm-up; `during` (a poller) is entered around the timed run only."""
     run_throughput(engine, warmup, len(warmup))  # first-use costs (allocator, kernels) stay out of timing
+    profiler = cProfile.Profile() if PROFILE_HOST else None
     with during if during is not None else contextlib.nullcontext(), StepTrace(engine) as trace:
+        if profiler is not None:
+            profiler.enable()
         run = run_throughput(engine, requests, len(requests))
+        if profiler is not None:
+            profiler.disable()
     facts = {"kv_blocks": engine.stats().blocks_total, "engine_options": options}
-    return throughput_report(run, facts) | requested(requests) | {"step_trace": trace.summary()}
+    report = throughput_report(run, facts) | requested(requests) | {"step_trace": trace.summary()}
+    if profiler is not None:
+        report["host_profile"] = host_profile(profiler, trace.summary().get("steps", 0))
+    return report
+
+
+PROFILE_HOST = False  # --profile-host
+
+
+def host_profile(profiler: cProfile.Profile, steps: int, top: int = 30) -> list[dict[str, Any]]:
+    """The functions with the most own time in the timed run, per engine step (cProfile: the calling thread on
+    Python < 3.12; every thread from 3.12, where it runs on sys.monitoring)."""
+    stats = pstats.Stats(profiler)
+    rows = sorted(((fn, st[2], st[3], st[1]) for fn, st in stats.stats.items()), key=lambda r: -r[1])[:top]
+    per = max(1, steps)
+    return [dict(function=f"{Path(fn[0]).name}:{fn[1]} {fn[2]}", own_ms_per_step=tt * 1e3 / per,
+                 cum_ms_per_step=ct * 1e3 / per, calls_per_step=n / per) for fn, tt, ct, n in rows]
 
 
 def hf_generate(model: Any, batch: Sequence[BenchRequest], device: str) -> float:
@@ -660,7 +685,11 @@ def kv_phases(run: ModelRun) -> None:
     """The same requests on a float KV pool and on an int8 one of the same bytes."""
     args, phases = run.args, run.phases
     blocks = kv_blocks(run.spec, run.settings, args.kv_cache_tokens)
-    requests = real_requests(run.lengths.requests[:args.kv_requests], run.settings, run.vocab, run.settings.seed + 2)
+    # the real lengths cycled: enough requests that the KV pool caps the batch for most of the run, not only until
+    # the few longest replies are left (512 requests: ~70 % of the steps were that tail)
+    pool = run.lengths.requests
+    lengths = [pool[i % len(pool)] for i in range(args.kv_requests)]
+    requests = real_requests(lengths, run.settings, run.vocab, run.settings.seed + 2)
     warmup = warmup_requests(requests, run.vocab, min(8, len(requests)), run.settings.seed + 3)
     kv: dict[str, Any] = {"cache_tokens_float": args.kv_cache_tokens, "blocks": blocks}
     run.results["kv-int8"] = kv
@@ -745,7 +774,16 @@ def print_tables(results: dict[str, Any]) -> None:
                           f"{trace['gpu_forward_s']:.2f} s; " + "; ".join(parts)
                           + f"; batch full until {_f(trace.get('last_full_batch_s'), 2)} s, "
                           f"tail (< 64 rows) {trace['tail_below_64_rows']['steps']} steps "
-                          f"{trace['tail_below_64_rows']['wall_s']:.2f} s")
+                          f"{trace['tail_below_64_rows']['wall_s']:.2f} s; Triton compiles "
+                          f"{trace['triton_compiles']['count']} ({trace['triton_compiles']['host_s']:.2f} s: "
+                          f"{', '.join(trace['triton_compiles']['kernels'])})")
+    for model, r in results["models"].items():
+        for system, s in r.get("real", {}).items():
+            if isinstance(s, dict) and s.get("host_profile"):
+                console.print(f"{model}, {system}: Python own time per engine step (cProfile, timed run slowed)")
+                for row in s["host_profile"]:
+                    console.print(f"  {row['own_ms_per_step']:8.3f} ms  {row['calls_per_step']:8.1f} calls  "
+                                  f"{row['function'][:100]}")
     console.print(table)  # last
 
 
@@ -774,7 +812,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "(default 64; tiny 8)")
     p.add_argument("--hf-models", help="models HF transformers runs on (default: the first of --models)")
     p.add_argument("--hf-batch-size", type=int, help="HF static batch (default 64; tiny 4)")
-    p.add_argument("--kv-requests", type=int, help="requests of the kv-int8 workload (default 512; tiny 8)")
+    p.add_argument("--kv-requests", type=int,
+                   help="requests of the kv-int8 workload, the real lengths cycled (default 2048; tiny 8)")
     p.add_argument("--kv-cache-tokens", type=int, help="kv-int8: tokens the float KV pool holds (default 16384; "
                    "tiny 256); int8 gets the same bytes")
     p.add_argument("--prefix-conversations", type=int, help="MT-bench conversations (default 80; tiny 6)")
@@ -796,6 +835,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="tokenizer that counts the lengths: a .gguf file or a tokenizer directory")
     p.add_argument("--peers", default=".peers", help="folder holding lmdeploy-pt-0.18/ (a copy of ../shared/peers)")
     p.add_argument("--no-peer", action="store_true", help="no LMDeploy")
+    p.add_argument("--profile-host", action="store_true",
+                   help="cProfile the timed lmd real-length runs (slows them: not for comparisons) and print where "
+                        "their Python time goes")
     p.add_argument("--peer-timeout", type=float, default=300, help="seconds the LMDeploy child may take")
     p.add_argument("--budget-s", type=float, default=510,
                    help="no phase starts after this many seconds of the run (a device call ends at 600)")
@@ -806,7 +848,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     big = not args.tiny
     defaults = dict(num_requests=1000 if big else 12, hf_requests=64 if big else 8, hf_batch_size=64 if big else 4,
-                    kv_requests=512 if big else 8, kv_cache_tokens=16384 if big else 256,
+                    kv_requests=2048 if big else 8, kv_cache_tokens=16384 if big else 256,
                     prefix_conversations=80 if big else 6, prefix_reply_len=256 if big else 24,
                     session_len=2048 if big else 256, max_batch_size=256 if big else 8,
                     prefill_tokens=8192 if big else 64, block_len=64 if big else 16,
@@ -836,9 +878,9 @@ def get_lengths(args: argparse.Namespace) -> Lengths:
         if not (data / "sharegpt").is_dir():
             raise SystemExit(f"no {data}/sharegpt: run `python3 benchmarks/serving_workloads.py --prepare FILE` where "
                              "the data and the tokenizer are, then pass --lengths FILE")
-        lengths = count_lengths(data, args.tokenizer, max(args.num_requests, args.kv_requests), args.seed)
-    if len(lengths.requests) < max(args.num_requests, args.kv_requests):
-        raise SystemExit(f"{args.lengths} holds {len(lengths.requests)} requests; lower --num-requests/--kv-requests "
+        lengths = count_lengths(data, args.tokenizer, args.num_requests, args.seed)
+    if len(lengths.requests) < args.num_requests:
+        raise SystemExit(f"{args.lengths} holds {len(lengths.requests)} requests; lower --num-requests "
                          "or --prepare with more")
     return lengths
 
@@ -853,6 +895,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         save_lengths(lengths, Path(args.prepare))
         print(f"{len(lengths.requests)} requests, {len(lengths.conversations)} conversations -> {args.prepare}")
         return asdict(lengths)
+    global PROFILE_HOST
+    PROFILE_HOST = args.profile_host
     lengths = get_lengths(args)
     device = "cpu" if args.tiny else "cuda"
     settings = Settings(device, args.session_len, args.max_batch_size, args.prefill_tokens, args.cache_fraction,

@@ -3,6 +3,8 @@ every step) and records, per step, the chunks it ran (decode rows, prefill token
 its GPU time (CUDA events around the forward, sampling excluded; idle gaps inside count) and the host time its launch
 took (the call returns once the work is queued: a launch as long as the GPU time says the step is host-bound). A
 summary splits the run's wall time into decode-only and mixed (prefill) steps and says how long the batch stayed full.
+It also counts the Triton kernels compiled during the run (Triton's JIT hooks; a fresh machine has no disk cache, so
+each new specialization of a kernel costs ~0.2-2 s of host time inside some step) and their host time.
 
     with StepTrace(engine) as trace:
         ...  # the timed run
@@ -48,12 +50,17 @@ class StepTrace:
             return result
 
         runner.run = traced
+        self.compiles: list[dict[str, Any]] = []
+        self._hooks = _compile_hooks(self.compiles)
         self._t0 = time.perf_counter()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._t1 = time.perf_counter()
         del self.engine.runner.run  # the class's method again
+        if self._hooks is not None:
+            knobs, before = self._hooks
+            knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook = before
         if self._cuda:
             torch.cuda.synchronize()
         for step, (start, end) in zip(self.steps, self._events, strict=True):
@@ -87,4 +94,33 @@ class StepTrace:
             out["last_full_batch_s"] = (steps[full[-1]]["t"] - self._t0) if full else 0.0
         tail = [dt for s, dt in zip(steps, intervals, strict=True) if s["decode"] < 64 and s["prefill_tokens"] == 0]
         out["tail_below_64_rows"] = dict(steps=len(tail), wall_s=sum(tail))
+        done = [c for c in self.compiles if "s" in c]
+        out["triton_compiles"] = dict(count=len(self.compiles), host_s=sum(c["s"] for c in done),
+                                      kernels=sorted({c["kernel"] for c in self.compiles}))
         return out
+
+
+def _compile_hooks(compiles: list[dict[str, Any]]) -> tuple[Any, tuple[Any, Any]] | None:
+    """Install Triton JIT hooks that append {kernel, s} per compile to `compiles`; returns (knobs, previous hooks)
+    to restore, or None where this Triton has no such hooks."""
+    try:
+        from triton import knobs
+    except ImportError:
+        return None
+    runtime = getattr(knobs, "runtime", None)
+    if runtime is None or not hasattr(runtime, "jit_cache_hook"):
+        return None
+    before = (runtime.jit_cache_hook, runtime.jit_post_compile_hook)
+
+    def start(*, fn: Any, **_: Any) -> None:  # returning a true value would skip the compile
+        compiles.append(dict(kernel=getattr(fn, "name", str(fn)), t=time.perf_counter()))
+
+    def end(*, fn: Any, **_: Any) -> None:
+        name = getattr(fn, "name", str(fn))
+        for c in reversed(compiles):
+            if c["kernel"] == name and "s" not in c:
+                c["s"] = time.perf_counter() - c.pop("t")
+                break
+
+    runtime.jit_cache_hook, runtime.jit_post_compile_hook = start, end
+    return knobs, before
