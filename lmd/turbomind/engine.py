@@ -30,7 +30,7 @@ from lmd.turbomind.model_runner import ModelRunner
 from lmd.turbomind.prompt_logprobs import PendingPromptLogprobs, plan
 from lmd.turbomind.request_intake import Prompt, checked_request, encode_prompt
 from lmd.turbomind.request_state import RequestState
-from lmd.turbomind.request_stream import Delta, RequestStream
+from lmd.turbomind.request_stream import Delta, RequestStream, put_many
 from lmd.turbomind.sampler import PendingSample, Sampler
 from lmd.turbomind.scheduler import Scheduler, SchedulerOutput
 from lmd.turbomind.sequence import Sequence
@@ -430,19 +430,25 @@ class Engine:
     def _emit_pending(self) -> None:
         """Text deltas of the accepted tokens, in order, to their streams."""
         pending, self._pending = self._pending, []
+        out = []
         for state, token, logprob, alternatives, finish in pending:
             delta = state.delta(token, logprob, alternatives, finish)
             if delta.finish_reason is not None and not state.finished:  # a stop string: free first, as below
                 self._finish(state.seq.seq_id, None)
-            self._put(state, delta)
+            out.append((state.stream, self._timed(state, delta)))
+        put_many(out)
 
     def _put(self, state: RequestState, delta: Delta) -> None:
         """To the request's stream; the final delta carries the request's times."""
+        state.stream.put(self._timed(state, delta))
+
+    @staticmethod
+    def _timed(state: RequestState, delta: Delta) -> Delta:
         if delta.finish_reason is not None:
-            delta = dataclasses.replace(delta, times=state.timer.finish(bool(delta.token_ids)))
-        elif delta.token_ids and state.timer.first_token is None:
+            return dataclasses.replace(delta, times=state.timer.finish(bool(delta.token_ids)))
+        if delta.token_ids and state.timer.first_token is None:
             state.timer.first_token = time.time()
-        state.stream.put(delta)
+        return delta
 
     def _stamp_scheduled(self, output: SchedulerOutput) -> None:
         """The first step that computes a request (its samples too) is when it was scheduled."""
