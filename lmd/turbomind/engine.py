@@ -431,12 +431,14 @@ class Engine:
         """Text deltas of the accepted tokens, in order, to their streams."""
         pending, self._pending = self._pending, []
         out = []
-        for state, token, logprob, alternatives, finish in pending:
-            delta = state.delta(token, logprob, alternatives, finish)
-            if delta.finish_reason is not None and not state.finished:  # a stop string: free first, as below
-                self._finish(state.seq.seq_id, None)
-            out.append((state.stream, self._timed(state, delta)))
-        put_many(out)
+        try:
+            for state, token, logprob, alternatives, finish in pending:
+                delta = state.delta(token, logprob, alternatives, finish)
+                if delta.finish_reason is not None and not state.finished:  # a stop string: free first, as below
+                    self._finish(state.seq.seq_id, None)
+                out.append((state.stream, self._timed(state, delta)))
+        finally:  # what was built goes out even if a later delta fails (final deltas of freed requests among them)
+            put_many(out)
 
     def _put(self, state: RequestState, delta: Delta) -> None:
         """To the request's stream; the final delta carries the request's times."""

@@ -166,3 +166,24 @@ def test_a_finished_stream_has_already_released_its_request(tiny_llama_ws):
             engine.generate(_prompts()[n], GenerationConfig(max_new_tokens=n, temperature=0)).result()
             stats = engine.stats()
             assert stats.running == 0 and stats.waiting == 0 and stats.blocks_used == 0
+
+
+def test_a_failing_delta_does_not_swallow_the_final_deltas_built_before_it(tiny_llama_ws, monkeypatch):
+    from lmd.turbomind.request_state import RequestState
+
+    original = RequestState.delta
+
+    def delta(self, token, *rest):
+        if self.request_id == "b":
+            raise RuntimeError("detokenizer failed")
+        return original(self, token, *rest)
+
+    monkeypatch.setattr(RequestState, "delta", delta)
+    engine = _engine(tiny_llama_ws[1])
+    first = engine.generate(_prompts()[0], GenerationConfig(max_new_tokens=1, temperature=0), request_id="a")
+    engine.generate(_prompts()[1], GenerationConfig(max_new_tokens=4, temperature=0), request_id="b")
+    with pytest.raises(RuntimeError, match="detokenizer"):  # both sampled in one step: their deltas in one batch
+        while engine.step():
+            pass
+    done = first._queue.get(timeout=5)  # a's last delta was built before b's failed: it is not lost
+    assert done.finish_reason == "length" and len(done.token_ids) == 1
