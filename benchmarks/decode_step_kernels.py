@@ -64,22 +64,28 @@ def decoding_engine(ws: Path, args: argparse.Namespace, context: int, cuda_graph
     while engine.stats().waiting or any(s.num_uncomputed > 1 for s in engine.scheduler.running):
         engine.step()  # prefill every prompt
     assert len(engine.scheduler.running) == args.batch, "every sequence decodes (raise cache_max_entry_count)"
-    engine.prefill_prompts = lambda: [engine.generate(torch.randint(3, vocab, (args.prefill,), generator=g).tolist(),
-                                                      gen) for _ in range(1 if args.prefill else 0)]
     for _ in range(3):
         engine.step()  # warm-up decode steps
     return engine
 
 
-def kernel_profile(engine: Engine, steps: int) -> dict[str, float]:
+def admit_prompt(engine: Engine, tokens: int) -> None:
+    """--prefill: queue one prompt of `tokens` random ids (none for 0), admitted by the next step."""
+    if tokens:
+        vocab = engine.workspace.model.vocab_size
+        gen = GenerationConfig(max_new_tokens=10**4, temperature=0, ignore_eos=True)
+        engine.generate(torch.randint(3, vocab, (tokens,)).tolist(), gen)
+
+
+def kernel_profile(engine: Engine, steps: int, prefill: int) -> dict[str, float]:
     from torch.profiler import ProfilerActivity, profile
 
-    engine.prefill_prompts()  # --prefill: a first mixed step outside the profile (new shapes, compiles)
+    admit_prompt(engine, prefill)  # a first mixed step outside the profile (new shapes, compiles)
     engine.step()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
-            engine.prefill_prompts()
+            admit_prompt(engine, prefill)
             engine.step()
         torch.cuda.synchronize()
     per_kernel: dict[str, float] = defaultdict(float)
@@ -126,7 +132,7 @@ def main() -> None:
         ws = build_workspace(Path(tmp, "ws"), SHAPES[args.shape], False, 2048, torch.device(device))
         for context in contexts:
             engine = decoding_engine(ws, args, context, cuda_graph=False, device=device)
-            kernels = kernel_profile(engine, args.steps)
+            kernels = kernel_profile(engine, args.steps, args.prefill)
             engine.close()
             del engine  # its weights and KV pool go before the next engine sizes its own
             gc.collect()

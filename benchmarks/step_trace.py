@@ -4,7 +4,7 @@ its GPU time (CUDA events around the forward, sampling excluded; idle gaps insid
 took (the call returns once the work is queued: a launch as long as the GPU time says the step is host-bound). A
 summary splits the run's wall time into decode-only and mixed (prefill) steps and says how long the batch stayed full.
 It also counts the Triton kernels compiled during the run (Triton's JIT hooks; a fresh machine has no disk cache, so
-each new specialization of a kernel costs ~0.2-2 s of host time inside some step) and their host time.
+each new specialization of a kernel stalls the host inside some step) and their host time.
 
     with StepTrace(engine) as trace:
         ...  # the timed run

@@ -106,7 +106,7 @@ def attention_meta(
     waiting for the GPU.
 
     Triton compiles a kernel again for every new specialization of its arguments (an int equal to 1 or divisible by
-    16, a pointer aligned to 16 bytes), ~0.2-2 s of host time each on a fresh machine. So the decode tiles start
+    16, a pointer aligned to 16 bytes), a host stall inside some step on a fresh machine. So the decode tiles start
     16-byte aligned in the packed copy and the tables' row stride is a multiple of 16 columns whatever the batch:
     the kernels see one specialization."""
     decode = [i for i, n in enumerate(q_lens) if n == 1]
