@@ -39,6 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine import LLAMA2_7B, TINY, build_workspace, prewarm_int4, write_tokenizer  # noqa: E402
+from step_trace import StepTrace  # noqa: E402
 
 from lmd.bench.latency import LatencyConfig, run_latency  # noqa: E402
 
@@ -60,6 +61,16 @@ def lmd_rows(ws: Path, args: argparse.Namespace, device: str, async_output: bool
         for result in run_latency(engine, config):
             decode = result.decode_per_token()
             rows[result.batch_size] = {"decode_ms_mean": decode.mean * 1e3, "decode_ms_median": decode.median * 1e3}
+        if args.trace and async_output:  # one more batch per size under the step trace: where the GPU waits
+            for b in args.batch_sizes:
+                with StepTrace(engine) as trace:
+                    run_latency(engine, LatencyConfig(INPUT_LEN, OUTPUT_LEN, (b,), 0, 1, args.seed + 1000))
+                rows[b]["trace"] = summary = trace.summary()
+                d = summary.get("decode", {})
+                print(f"  trace batch {b}: decode steps {d.get('steps')}, forward {d.get('median_gpu_ms')} ms, "
+                      f"before sampling {d.get('median_before_sample_ms')}, sampling {d.get('median_sample_ms')}, "
+                      f"after sampling (GPU waits for the host) {d.get('median_after_sample_ms')} ms (medians); "
+                      f"host launch {d.get('median_host_launch_ms')} ms", flush=True)
     return {"engine_start_s": start_s, "graph_buckets": None if graphs is None else list(graphs.buckets),
             "rows": rows}
 
@@ -253,6 +264,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="tiny model on CPU: lmd, and gpt-fast eager from <peers>/gpt-fast (script check)")
     p.add_argument("--switch-interval-ms", type=float, default=None,
                    help="an experiment: the interpreter's GIL switch interval for the lmd runs (Python's default 5)")
+    p.add_argument("--trace", action="store_true",
+                   help="after the timed runs, one batch per size under benchmarks/step_trace.py (lmd default "
+                        "engine): forward, sampling and the GPU's wait for the host per decode step")
     p.add_argument("--lmdeploy-child", help=argparse.SUPPRESS)
     p.add_argument("--child-out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)

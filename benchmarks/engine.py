@@ -49,13 +49,18 @@ INT4_SCALE = 0.02 / 4.6  # codes 0..15 around zero 8 have std ~4.6: weights of s
 
 
 class RandomReader(TensorReader):
-    """HF-named Llama tensors made on request: norms are ones, int4 linears AWQ-packed random codes."""
+    """HF-named Llama tensors made on request: norms are ones, int4 linears AWQ-packed random codes, W8A8 linears
+    (`w8a8` int8 / fp8) random per-channel codes with one scale, so that code x scale has the float weights' 0.02
+    spread."""
 
-    def __init__(self, int4: bool, device: torch.device, seed: int = 0) -> None:
+    W8A8_CODE_STD = {"int8": 127 / 3**0.5, "fp8": 64.0}  # uniform int8 codes; e4m3 codes ~ N(0, 64), clamped
+
+    def __init__(self, int4: bool, device: torch.device, seed: int = 0, w8a8: str | None = None) -> None:
         super().__init__("random weights")
-        self.int4, self.device = int4, device
+        self.int4, self.device, self.w8a8 = int4, device, w8a8
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self.linears = tuple(f".{name}" for name in ARCHITECTURES["llama"].linears)
+        self._rows: dict[str, int] = {}  # linear -> output rows, for its weight_scale (asked for without a shape)
 
     def _is_linear(self, name: str) -> bool:
         return name.rsplit(".", 1)[0].endswith(self.linears)
@@ -65,10 +70,16 @@ class RandomReader(TensorReader):
         if suffix == "bias":
             return False
         if self._is_linear(name):
-            return suffix in (("qweight", "qzeros", "scales") if self.int4 else ("weight",))
+            if self.int4:
+                return suffix in ("qweight", "qzeros", "scales")
+            return suffix in (("weight", "weight_scale") if self.w8a8 else ("weight",))
         return suffix == "weight"
 
     def get(self, name: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+        module, suffix = name.rsplit(".", 1)
+        if suffix == "weight_scale" and module in self._rows:
+            std = self.W8A8_CODE_STD[self.w8a8]  # type: ignore[index]
+            return torch.full((self._rows[module], 1), 0.02 / std, dtype=torch.float32, device=self.device)
         assert shape is not None and self.has(name), name
         kw = dict(device=self.device, generator=self.generator)
         if name.endswith("norm.weight"):
@@ -79,6 +90,12 @@ class RandomReader(TensorReader):
             return pack_awq_int32(torch.full((shape[0], shape[1] * 8), 8, dtype=torch.int32, device=self.device))
         if name.endswith(".scales"):
             return torch.full(shape, INT4_SCALE, dtype=torch.float16, device=self.device)
+        if self.w8a8 and self._is_linear(name):
+            self._rows[module] = shape[0]
+            if self.w8a8 == "int8":
+                return torch.randint(-127, 128, shape, dtype=torch.int8, **kw)
+            codes = torch.randn(shape, dtype=torch.float32, **kw) * self.W8A8_CODE_STD["fp8"]
+            return codes.clamp(-448, 448).to(torch.float8_e4m3fn)
         return (torch.randn(shape, dtype=torch.float32, **kw) * 0.02).to(torch.float16)
 
 
@@ -95,8 +112,10 @@ def write_tokenizer(path: Path, vocab_size: int):
     return tokenizer
 
 
-def build_workspace(root: Path, shape: dict, int4: bool, session_len: int, device: torch.device) -> Path:
-    """The workspace `lmd deploy` would write for a Llama checkpoint of this shape (fp16, or AWQ int4 g128)."""
+def build_workspace(root: Path, shape: dict, int4: bool, session_len: int, device: torch.device,
+                    w8a8: str | None = None) -> Path:
+    """The workspace `lmd deploy` would write for a Llama checkpoint of this shape (fp16, AWQ int4 g128, or a W8A8
+    compressed-tensors one: `w8a8` int8 / fp8)."""
     from transformers import LlamaConfig
 
     config = LlamaConfig(**shape, max_position_embeddings=session_len, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2)
@@ -109,14 +128,14 @@ def build_workspace(root: Path, shape: dict, int4: bool, session_len: int, devic
         tokenizer=tokenizer,
         model_dir=None,
         tp=1,
-        weight_type="int4" if int4 else "fp16",
+        weight_type="int4" if int4 else (w8a8 or "fp16"),
         group_size=GROUP if int4 else 0,
         compute_dtype="fp16",
         where="random weights",
     )
     scheme = Int4Scheme("awq", GROUP, sym=False, act_order=False) if int4 else None  # RandomReader packs AWQ's way
-    write_weights(root, RandomReader(int4, device), ARCHITECTURES["llama"], cfg, dims, torch.float16, progress=False,
-                  scheme=scheme)
+    write_weights(root, RandomReader(int4, device, w8a8=w8a8), ARCHITECTURES["llama"], cfg, dims, torch.float16,
+                  progress=False, scheme=scheme)
     write_workspace_config(root, cfg)
     return root
 

@@ -6,8 +6,10 @@
 
 Models (random weights, built as benchmarks/engine.py builds them; no checkpoint, no network): `llama3-8b`, a
 Llama-3-8B shape (32 heads / 8 KV heads, hidden 4096, 32 layers, intermediate 14336, vocab 128256) run in bf16 (the
-workspace is written fp16 and the engine casts it at load), and `llama2-7b`, fp16. Prompts are random token ids of
-real lengths and every request generates exactly its output length (EOS ignored), so random weights do real work.
+workspace is written fp16 and the engine casts it at load), and `llama2-7b`, fp16; `llama3-8b-fp8` and
+`llama3-8b-int8` are the 8B shape with W8A8 linears (e4m3 / int8 per-channel weights, per-token dynamic activations;
+lmd only: compare them with `llama3-8b` in the same call). Prompts are random token ids of real lengths and every
+request generates exactly its output length (EOS ignored), so random weights do real work.
 
 Lengths, counted with SmolLM2's tokenizer (the shared GGUF): the ShareGPT first-turn prompts of `<data>/sharegpt/`
 (de-duplicated, in a seeded shuffle; prompts outside 4-1024 tokens skipped, as `lmd bench throughput` does) and the
@@ -88,9 +90,11 @@ HF = "HF transformers"
 class ModelSpec:
     shape: dict[str, int]
     dtype: str  # the engines' compute dtype: fp16, bf16 or fp32
+    w8a8: str | None = None  # int8 / fp8: W8A8 linears (per-channel weights, per-token activations); None: float
 
 
-MODELS = {"llama3-8b": ModelSpec(LLAMA3_8B, "bf16"), "llama2-7b": ModelSpec(LLAMA2_7B, "fp16")}
+MODELS = {"llama3-8b": ModelSpec(LLAMA3_8B, "bf16"), "llama2-7b": ModelSpec(LLAMA2_7B, "fp16"),
+          "llama3-8b-fp8": ModelSpec(LLAMA3_8B, "bf16", "fp8"), "llama3-8b-int8": ModelSpec(LLAMA3_8B, "bf16", "int8")}
 TINY_MODEL = ModelSpec(TINY, "fp32")
 TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -591,7 +595,7 @@ class ModelRun:
 
 def run_model(name: str, spec: ModelSpec, lengths: Lengths, settings: Settings, args: argparse.Namespace,
               phases: Phases) -> None:
-    results: dict[str, Any] = {"shape": spec.shape, "dtype": spec.dtype}
+    results: dict[str, Any] = {"shape": spec.shape, "dtype": spec.dtype, "w8a8": spec.w8a8}
     phases.results["models"][name] = results
     vocab = spec.shape["vocab_size"]
     requests = real_requests(lengths.requests[:args.num_requests], settings, vocab, settings.seed)
@@ -605,7 +609,8 @@ def run_model(name: str, spec: ModelSpec, lengths: Lengths, settings: Settings, 
     root = Path(tempfile.mkdtemp(prefix=f"lmd-serving-{name}-", dir=os.environ.get("TMPDIR")))
     try:
         start = time.perf_counter()
-        ws = build_workspace(root / "ws", spec.shape, False, settings.session_len, torch.device(settings.device))
+        ws = build_workspace(root / "ws", spec.shape, False, settings.session_len, torch.device(settings.device),
+                             w8a8=spec.w8a8)
         phases.note(f"{name}: workspace built", time.perf_counter() - start)
         run = ModelRun(name, spec, ws, requests, warmup, lengths, settings, args, phases, results)
         if "real" in args.workloads:
@@ -662,6 +667,8 @@ def peer_phases(run: ModelRun, hf_dir: Path) -> None:
     """LMDeploy and HF transformers on the real workload, from the workspace turned back into an HF checkpoint."""
     args, phases, real = run.args, run.phases, run.results["real"]
     hf = bool(args.hf_requests) and run.name in args.hf_models
+    if run.spec.w8a8:  # the peers run float checkpoints: compare a W8A8 model with its float twin instead
+        return
     if (args.no_peer and not hf) or phases.left(run.name, "real") <= 0:
         return
     start = time.perf_counter()

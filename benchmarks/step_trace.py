@@ -1,7 +1,10 @@
 """Where a serving run's time goes, step by step: wraps a running engine's `runner.run` (the engine thread looks it up
 every step) and records, per step, the chunks it ran (decode rows, prefill tokens), whether it replayed a CUDA graph,
 its GPU time (CUDA events around the forward, sampling excluded; idle gaps inside count) and the host time its launch
-took (the call returns once the work is queued: a launch as long as the GPU time says the step is host-bound). A
+took (the call returns once the work is queued: a launch as long as the GPU time says the step is host-bound).
+On CUDA it also brackets the sampler's launch with events, so the GPU time between one forward's end and the next
+one's start splits into: before the sampling (the row gather, or the GPU idle while the host had not yet queued the
+sampling), the sampling, and after it (the GPU idle until the host queued the next step: exposed host time). A
 summary splits the run's wall time into decode-only and mixed (prefill) steps and says how long the batch stayed full.
 It also counts the Triton kernels compiled during the run (Triton's JIT hooks; a fresh machine has no disk cache, so
 each new specialization of a kernel stalls the host inside some step) and their host time.
@@ -50,6 +53,21 @@ class StepTrace:
             return result
 
         runner.run = traced
+        sampler = self.engine.sampler
+        self._samples: dict[int, tuple[Any, Any]] = {}
+        launch = type(sampler).launch.__get__(sampler)
+
+        def traced_launch(*args: Any, **kwargs: Any) -> Any:
+            if not self._cuda:
+                return launch(*args, **kwargs)
+            s0, s1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s0.record()
+            result = launch(*args, **kwargs)
+            s1.record()
+            self._samples.setdefault(len(self.steps) - 1, (s0, s1))  # the step whose logits it samples
+            return result
+
+        sampler.launch = traced_launch
         self.compiles: list[dict[str, Any]] = []
         self._hooks = _compile_hooks(self.compiles)
         self._t0 = time.perf_counter()
@@ -58,13 +76,20 @@ class StepTrace:
     def __exit__(self, *exc: object) -> None:
         self._t1 = time.perf_counter()
         del self.engine.runner.run  # the class's method again
+        del self.engine.sampler.launch
         if self._hooks is not None:
             knobs, before = self._hooks
             knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook = before
         if self._cuda:
             torch.cuda.synchronize()
-        for step, (start, end) in zip(self.steps, self._events, strict=True):
+        for i, (step, (start, end)) in enumerate(zip(self.steps, self._events, strict=True)):
             step["gpu_ms"] = start.elapsed_time(end) if start is not None else None
+            following = self._events[i + 1][0] if i + 1 < len(self._events) else None
+            sample = self._samples.get(i)
+            if following is not None and sample is not None:
+                step["before_sample_ms"] = end.elapsed_time(sample[0])
+                step["sample_ms"] = sample[0].elapsed_time(sample[1])
+                step["after_sample_ms"] = sample[1].elapsed_time(following)
 
     def summary(self) -> dict[str, Any]:
         steps = self.steps
@@ -85,6 +110,11 @@ class StepTrace:
                 median_gpu_ms=statistics.median(gpu) if gpu else None,
                 host_launch_s=sum(s["host_ms"] for s, _ in chosen) / 1e3,
                 median_host_launch_ms=statistics.median(s["host_ms"] for s, _ in chosen) if chosen else None)
+            gaps = [s for s, _ in chosen if "after_sample_ms" in s]
+            if gaps:  # where the GPU time between forwards went (CUDA only), medians and sums per step
+                for part in ("before_sample_ms", "sample_ms", "after_sample_ms"):
+                    out[kind][f"median_{part}"] = statistics.median(s[part] for s in gaps)
+                    out[kind][f"{part.removesuffix('_ms')}_s"] = sum(s[part] for s in gaps) / 1e3
         gpu_total = sum(s["gpu_ms"] or 0.0 for s in steps) / 1e3
         out["gpu_forward_s"] = gpu_total
         rows = [s["decode"] + (s["prefill_tokens"] > 0) for s in steps]

@@ -9,7 +9,10 @@ median of 15. Rows per (shape, M):
     fp16            torch.matmul, fp16 x [M, K] @ W.T (cuBLAS)
     int8 / fp8      lmd's Triton scaled GEMM alone (codes already quantized), tiles of `tiles_for(M)`
     *_best          the best of a small tile sweep (and which tiles), to retune `tiles_for`
-    *_linear        lmd's whole W8A8 linear: per-token quantization kernel + Triton GEMM
+    *_linear        lmd's whole W8A8 linear: per-token quantization kernel + Triton GEMM (tiles_for(M))
+    *_planned_gemm  the GEMM the engine's W8A8Linear planned for M's bucket (w8a8_plan: Triton tiles or torch's),
+                    codes already quantized; *_plan names it
+    *_planned       the engine's whole W8A8Linear: quantization + the planned GEMM
     scaled_mm       torch._scaled_mm FP8, row-wise scales, bf16 out (cuBLASLt)
     int_mm          torch._int_mm int8 -> int32 (cuBLAS), scales not applied (its lower bound)
 
@@ -31,13 +34,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lmd.turbomind.kernels.gpu_timing import cold_call_ms  # noqa: E402
 from lmd.turbomind.kernels.w8a8_gemm import Tiles, scaled_mm_triton, tiles_for  # noqa: E402
+from lmd.turbomind.kernels.w8a8_plan import bucket_of, run_plan  # noqa: E402
 from lmd.turbomind.kernels.w8a8_quant import quantize_per_token_triton  # noqa: E402
 from lmd.turbomind.kernels.w8a8_reference import (  # noqa: E402
     quantize_per_token_reference,
     quantize_weight_per_channel,
     scaled_mm_reference,
 )
-from lmd.turbomind.linear import w8a8_linear  # noqa: E402
+from lmd.turbomind.linear import W8A8Linear, w8a8_linear  # noqa: E402
 
 LLAMA_7B = {"qkv": (12288, 4096), "o": (4096, 4096), "gate_up": (22016, 4096), "down": (4096, 11008)}  # (N, K)
 QDTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}
@@ -80,6 +84,7 @@ def speed(ms: list[int], sweep: bool) -> list[dict[str, object]]:
         w = torch.randn(n, k, device="cuda") * 0.02
         w16 = w.half()
         quantized = {name: quantize_weight_per_channel(w, q) for name, q in QDTYPES.items()}
+        planned = {name: W8A8Linear(wq, ws, dtype=torch.float16) for name, (wq, ws) in quantized.items()}
         for m in ms:
             x = torch.randn(m, k, device="cuda").half()
             row: dict[str, object] = {"shape": shape, "M": m, "N": n, "K": k}
@@ -89,6 +94,13 @@ def speed(ms: list[int], sweep: bool) -> list[dict[str, object]]:
                 row[name] = _time(lambda c=codes, s=scales, wq=wq, ws=ws: scaled_mm_triton(c, s, wq, ws, None,
                                                                                           torch.float16), flush)
                 row[f"{name}_linear"] = _time(lambda x=x, wq=wq, ws=ws: w8a8_linear(x, wq, ws), flush)
+                layer = planned[name]
+                plan = layer.plans.get(bucket_of(m))
+                row[f"{name}_plan"] = repr(plan)
+                if plan is not None:
+                    row[f"{name}_planned_gemm"] = _time(lambda c=codes, s=scales, wq=wq, ws=ws, p=plan: run_plan(
+                        p, c, s, wq, ws, None, torch.float16), flush)
+                row[f"{name}_planned"] = _time(lambda x=x, layer=layer: layer(x), flush)
                 if sweep:
                     best = min(((_time(lambda c=codes, s=scales, wq=wq, ws=ws, t=t: scaled_mm_triton(
                         c, s, wq, ws, None, torch.float16, t), flush), t) for t in SWEEP
@@ -120,7 +132,8 @@ def _rel(y: torch.Tensor, ref: torch.Tensor) -> float:
 def _print_row(row: dict[str, object]) -> None:
     base = row["fp16"]
     parts = [f"{row['shape']:>8} M={row['M']:<5} fp16 {base} ms"]
-    for key in ("int8", "int8_best", "int8_linear", "int_mm", "fp8", "fp8_best", "fp8_linear", "scaled_mm"):
+    for key in ("int8", "int8_best", "int8_linear", "int8_planned_gemm", "int8_planned", "int_mm", "fp8", "fp8_best",
+                "fp8_linear", "fp8_planned_gemm", "fp8_planned", "scaled_mm"):
         value = row.get(key)
         if isinstance(value, float) and isinstance(base, float):
             parts.append(f"{key} {value} ms ({base / value:.2f}x)")

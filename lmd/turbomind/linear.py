@@ -5,13 +5,14 @@
 CUDA and to the PyTorch reference elsewhere. `w8a8_linear` is the W8A8 one: per-token activation quantization, then
 the scaled 8-bit GEMM. LMD_W8A8_OPS (kernel_choice's auto / reference / triton): auto runs the Triton kernels
 (kernels/w8a8_quant.py, w8a8_gemm.py) on CUDA and the PyTorch reference (kernels/w8a8_reference.py) elsewhere; triton
-also runs them on CPU under TRITON_INTERPRET=1 (tests). LMD_W8A8_GEMM=torch swaps the GEMM on CUDA for PyTorch's,
-for comparison: `torch._scaled_mm` (cuBLASLt FP8, row-wise scales) or `torch._int_mm` (cuBLAS int8, then the scales
-in a second elementwise pass); it needs M > 16 (else the Triton GEMM runs).
+also runs them on CPU under TRITON_INTERPRET=1 (tests). On CUDA each W8A8 weight plans its GEMM per row bucket at load
+(kernels/w8a8_plan.py: lmd's Triton tiles or PyTorch's `torch._scaled_mm` / `torch._int_mm`, whichever is fastest
+on this GPU); LMD_W8A8_GEMM=triton or torch forces one side.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from collections.abc import Callable
@@ -19,12 +20,10 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from lmd.errors import LmdError
 from lmd.turbomind.kernel_choice import triton_module, triton_requested
 from lmd.turbomind.kernels.w8a8_reference import quantize_per_token_reference, scaled_mm_reference
 
 W8A8_OPS_ENV = "LMD_W8A8_OPS"
-W8A8_GEMM_ENV = "LMD_W8A8_GEMM"
 
 
 def int4_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
@@ -50,42 +49,24 @@ def _int4_reference(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor
 
 
 def w8a8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
-                bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., K] (activation dtype) -> y [..., N]; weight int8 / float8_e4m3fn [N, K], weight_scale fp32 [N]."""
+                bias: torch.Tensor | None = None, plans: dict | None = None) -> torch.Tensor:
+    """x [..., K] (activation dtype) -> y [..., N]; weight int8 / float8_e4m3fn [N, K], weight_scale fp32 [N];
+    plans: `w8a8_plan.plans_for`'s GEMM per row bucket."""
     flat = x.reshape(-1, x.shape[-1])
-    quant, gemm = _w8a8_kernels(x)
-    if quant is None or gemm is None:
+    quant, plan = _w8a8_kernels(x)
+    if quant is None or plan is None:
         q, scale = quantize_per_token_reference(flat, weight.dtype)
         y = scaled_mm_reference(q, scale, weight, weight_scale, bias, x.dtype)
     else:
         q, scale = quant.quantize_per_token_triton(flat.contiguous(), weight.dtype)
-        if _use_torch_gemm(x, q):
-            y = _torch_scaled_mm(q, scale, weight, weight_scale, bias, x.dtype)
-        else:
-            y = gemm.scaled_mm_triton(q, scale, weight, weight_scale, bias, x.dtype)
+        y = plan.gemm(q, scale, weight, weight_scale, bias, x.dtype, plans or {})
     return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
 def _w8a8_kernels(x: torch.Tensor) -> tuple[object | None, object | None]:
     if not triton_requested(x, W8A8_OPS_ENV) or not (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
         return None, None
-    return triton_module("w8a8_quant"), triton_module("w8a8_gemm")
-
-
-def _use_torch_gemm(x: torch.Tensor, q: torch.Tensor) -> bool:
-    choice = os.environ.get(W8A8_GEMM_ENV) or "triton"
-    if choice not in ("triton", "torch"):
-        raise LmdError(f"{W8A8_GEMM_ENV}={choice!r}: use 'triton' (the default) or 'torch'")
-    return choice == "torch" and x.is_cuda and q.shape[0] > 16
-
-
-def _torch_scaled_mm(q: torch.Tensor, scale: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
-                     bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
-    if q.dtype == torch.int8:
-        y = torch._int_mm(q, weight.t()).float() * scale[:, None] * weight_scale[None, :]
-        return (y if bias is None else y + bias.float()).to(out_dtype)
-    return torch._scaled_mm(q, weight.t(), scale_a=scale[:, None], scale_b=weight_scale[None, :], bias=bias,
-                            out_dtype=out_dtype)
+    return triton_module("w8a8_quant"), triton_module("w8a8_plan")
 
 
 CPU_SWAP_ROWS = range(2, 4)  # token rows for which `cpu_linear` computes (W @ x.T).T
@@ -152,12 +133,27 @@ class Int4Linear:
 
 
 class W8A8Linear:
-    def __init__(self, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+    """On CUDA the GEMM of each row bucket is planned at load (`w8a8_plan`), so none is timed inside a forward or a
+    graph capture."""
+
+    def __init__(self, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None = None,
+                 dtype: torch.dtype | None = None) -> None:
         self.weight, self.weight_scale, self.bias = weight, weight_scale.float(), bias
         self.out_features = weight.shape[0]
+        self.dtype = dtype
+        self.replan()
+
+    def replan(self) -> None:
+        """The weight tensor was replaced (weight offload's device slot): choose the GEMMs for it."""
+        self.plans = {}
+        if self.weight.is_cuda and self.dtype is not None and triton_requested(self.weight, W8A8_OPS_ENV):
+            with contextlib.suppress(ImportError):  # no Triton: the reference path, nothing to plan
+                from lmd.turbomind.kernels.w8a8_plan import plans_for
+
+                self.plans = plans_for(self.weight, self.weight_scale, self.dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return w8a8_linear(x, self.weight, self.weight_scale, self.bias)
+        return w8a8_linear(x, self.weight, self.weight_scale, self.bias, self.plans)
 
 
 Linear = DenseLinear | Int4Linear | W8A8Linear
@@ -172,5 +168,5 @@ def make_linear(weights: dict[str, torch.Tensor], name: str, dtype: torch.dtype)
         return Int4Linear(weights[f"{name}.qweight"], weights[f"{name}.scales"].to(dtype),
                           weights[f"{name}.zeros"].to(dtype), bias, weights.get(f"{name}.perm"))
     if f"{name}.weight_scale" in weights:
-        return W8A8Linear(weights[f"{name}.weight"], weights[f"{name}.weight_scale"], bias)
+        return W8A8Linear(weights[f"{name}.weight"], weights[f"{name}.weight_scale"], bias, dtype)
     return DenseLinear(weights[f"{name}.weight"].to(dtype), bias)

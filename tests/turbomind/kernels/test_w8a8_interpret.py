@@ -86,10 +86,69 @@ def dispatch_case(q: str, act: str) -> float:
     return ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
 
 
+def plan_case(q: str, bucket: int) -> float:
+    """Every Triton candidate of a plan bucket (`w8a8_plan.candidates`) against the reference, fp16 out: the largest
+    relative error over them."""
+    import torch
+
+    from lmd.turbomind.kernels.w8a8_plan import Tiles, candidates, run_plan
+    from lmd.turbomind.kernels.w8a8_reference import (
+        quantize_per_token_reference,
+        quantize_weight_per_channel,
+        scaled_mm_reference,
+    )
+
+    qdtype, _ = _dtypes(q, "fp16")
+    g = torch.Generator().manual_seed(bucket)
+    codes, scale = quantize_per_token_reference(torch.randn(21, 80, generator=g), qdtype)
+    weight, w_scale = quantize_weight_per_channel(torch.randn(40, 80, generator=g), qdtype)
+    ref = scaled_mm_reference(codes, scale, weight, w_scale, None, torch.float16).float()
+    worst = 0.0
+    for plan in candidates(bucket):
+        if isinstance(plan, Tiles):
+            out = run_plan(plan, codes, scale, weight, w_scale, None, torch.float16).float()
+            worst = max(worst, ((out - ref).abs().max() / ref.abs().max()).item())
+    return worst
+
+
+def tune_case() -> dict[str, str]:
+    """`w8a8_plan.tune` with a stub timer: the fastest candidate whose output is right wins; a faster one whose output
+    is wrong (corrupted here) is passed over."""
+    import torch
+
+    from lmd.turbomind.kernels import w8a8_plan
+    from lmd.turbomind.kernels.w8a8_reference import quantize_weight_per_channel
+
+    weight, w_scale = quantize_weight_per_channel(torch.randn(40, 80, generator=torch.Generator().manual_seed(1)),
+                                                  torch.int8)
+    tiles = [c for c in w8a8_plan.candidates(64) if isinstance(c, w8a8_plan.Tiles)]
+    wrong, fastest_right = tiles[0], tiles[1]
+    ms = {wrong: 1.0, fastest_right: 2.0} | {t: 3.0 + i for i, t in enumerate(tiles[2:])}
+    ran = []
+    real_run = w8a8_plan.run_plan
+
+    def run_plan(plan, *args):  # noqa: ANN001, ANN202 - the stub's signature is run_plan's
+        ran.append(plan)
+        out = real_run(plan, *args)
+        return out * 2 if plan == wrong else out
+
+    def timer(fn, flush):  # noqa: ANN001, ANN202
+        fn()
+        return ms.get(ran[-1], 100.0)  # a torch plan, where this torch runs it, comes last
+
+    w8a8_plan.run_plan = run_plan
+    try:
+        chosen = w8a8_plan.tune(weight, w_scale, torch.float16, 64, timer=timer)
+    finally:
+        w8a8_plan.run_plan = real_run
+    return {"chosen": repr(chosen), "expected": repr(fastest_right)}
+
+
 QUANT_CASES = {f"quant-{q}-{a}-k{k}": (q, a, k) for q in QDTYPES for a in ACT for k in (96, 5000)}
 GEMM_CASES = {f"gemm-{q}-{a}-m{m}-n{n}-k{k}-{'bias' if b else 'nobias'}": (q, a, m, n, k, b)
               for q in QDTYPES for a in ACT for m, n, k, b in ((1, 70, 100, True), (19, 33, 64, False))}
 DISPATCH_CASES = {f"dispatch-{q}-{a}": (q, a) for q in QDTYPES for a in ACT}
+PLAN_CASES = {f"plan-{q}-m{b}": (q, b) for q in QDTYPES for b in (16, 64, 256, 1024, 4096)}
 ULP = {"fp32": 1e-6, "fp16": 1e-3}
 
 
@@ -97,7 +156,9 @@ def main() -> None:
     assert os.environ.get("TRITON_INTERPRET") == "1", "run under TRITON_INTERPRET=1"
     jobs = {**{n: (lambda a=a: quant_case(*a)) for n, a in QUANT_CASES.items()},
             **{n: (lambda a=a: gemm_case(*a)) for n, a in GEMM_CASES.items()},
-            **{n: (lambda a=a: dispatch_case(*a)) for n, a in DISPATCH_CASES.items()}}
+            **{n: (lambda a=a: dispatch_case(*a)) for n, a in DISPATCH_CASES.items()},
+            **{n: (lambda a=a: plan_case(*a)) for n, a in PLAN_CASES.items()},
+            "tune": tune_case}
     json.dump(run_jobs(jobs), sys.stdout)
 
 
@@ -134,3 +195,33 @@ def test_dispatch_runs_the_kernels_like_the_reference(interpreted: dict, name: s
     assert isinstance(err, float), err
     # a code one step off (see quant_case) moves an output by up to one step x |weight| x scales
     assert err < 2e-2 if DISPATCH_CASES[name][0] == "fp8" else err < 1e-2, f"{name}: off by {err:.2e}"
+
+
+@pytest.mark.parametrize("name", PLAN_CASES)
+def test_every_planned_tile_config_matches_reference(interpreted: dict, name: str) -> None:
+    err = interpreted[name]
+    assert isinstance(err, float), err
+    assert err < ULP["fp16"], f"{name}: off by {err:.2e}"
+
+
+def test_tune_picks_the_fastest_right_candidate(interpreted: dict) -> None:
+    result = interpreted["tune"]
+    assert isinstance(result, dict), result
+    assert result["chosen"] == result["expected"]
+
+
+def test_plan_buckets_and_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from lmd.errors import LmdError
+    from lmd.turbomind.kernels import w8a8_plan
+
+    assert [w8a8_plan.bucket_of(m) for m in (1, 16, 17, 64, 65, 300, 1024, 1025, 9000)] == [
+        16, 16, 64, 64, 256, 1024, 1024, 4096, 4096]
+    assert not any(isinstance(c, w8a8_plan.TorchPlan) for c in w8a8_plan.candidates(16))  # torch needs > 16 rows
+    assert all(isinstance(w8a8_plan.candidates(b)[-1], w8a8_plan.TorchPlan) for b in (64, 256, 1024, 4096))
+    weight = torch.zeros(8, 16, dtype=torch.int8)
+    assert w8a8_plan.plans_for(weight, torch.ones(8), torch.float16) == {}  # CPU: nothing to time
+    monkeypatch.setenv("LMD_W8A8_GEMM", "cublas")
+    with pytest.raises(LmdError, match="LMD_W8A8_GEMM='cublas'"):
+        w8a8_plan.gemm_choice()
