@@ -78,7 +78,7 @@ class ModelConfig:
 class EngineConfig:
     session_len: int = 4096
     max_batch_size: int = 64
-    max_context_token_num: int = 2048
+    max_context_token_num: int = 8192  # TurboMind's max_prefill_token_num: 64 prompts of 128 tokens in one step
     step_length: int = 16  # admission interval once the batch is full (scheduler.py, rule 4)
     cache_max_entry_count: float = 0.5
     cache_block_seq_len: int = 64

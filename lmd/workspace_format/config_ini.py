@@ -48,7 +48,7 @@ class WorkspaceConfig:
     original_max_position_embeddings: int
     max_position_embeddings: int
     max_batch_size: int = 64
-    max_context_token_num: int = 2048
+    max_context_token_num: int = 8192
     step_length: int = 16
     cache_max_entry_count: float = 0.5
     cache_block_seq_len: int = 64

@@ -225,3 +225,17 @@ def test_plan_buckets_and_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LMD_W8A8_GEMM", "cublas")
     with pytest.raises(LmdError, match="LMD_W8A8_GEMM='cublas'"):
         w8a8_plan.gemm_choice()
+
+
+def test_fp8_candidates_are_checked_with_fast_accumulation_bounds() -> None:
+    """An e4m3 GEMM 1 % off (sm_90's fast accumulation is ~0.4 %) is a candidate; int8 (exact int32 sums) is not,
+    and 10 % off is wrong for both."""
+    import torch
+
+    from lmd.turbomind.kernels.w8a8_plan import _wrong
+
+    ref = torch.randn(8, 64, generator=torch.Generator().manual_seed(0))
+    for off, fp8_wrong, int8_wrong in ((0.01, False, True), (0.1, True, True)):
+        y = (ref * (1 + off)).half()
+        assert _wrong(y, ref, torch.float8_e4m3fn) is fp8_wrong
+        assert _wrong(y, ref, torch.int8) is int8_wrong
