@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from lmd.turbomind.kernels.pdl import pdl_options, pdl_prologue
+
 MAX_M = 256
 
 
@@ -38,7 +40,8 @@ class DenseMmaConfig:
 @triton.jit
 def _dense_mma_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, M, N, K, k_per_split, stride_xm, stride_wn, stride_ym,
                       HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr):
+                      BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr):
+    pdl_prologue(USE_PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -69,7 +72,8 @@ def _dense_mma_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, M, N, K, k_per_split
 
 @triton.jit
 def _split_sum_kernel(part_ptr, b_ptr, y_ptr, M, N, stride_ym, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
-                      BLOCK: tl.constexpr):
+                      BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    pdl_prologue(USE_PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < M * N
     acc = tl.load(part_ptr + offs, mask=mask, other=0.0)
@@ -102,9 +106,10 @@ def dense_mma(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
     _dense_mma_kernel[(triton.cdiv(n, config.block_n), split)](
         x, weight, b, y, part, m, n, k, k_per_split, x.stride(0), weight.stride(0), y.stride(0),
         HAS_BIAS=bias is not None, PARTIAL=split > 1, BLOCK_M=block_m_for(m), BLOCK_N=config.block_n,
-        BLOCK_K=config.block_k, num_warps=config.num_warps, num_stages=config.num_stages)
+        BLOCK_K=config.block_k, num_warps=config.num_warps, num_stages=config.num_stages, **pdl_options(x.device))
     if split > 1:
         block = 1024
         _split_sum_kernel[(triton.cdiv(m * n, block),)](part, b, y, m, n, y.stride(0), HAS_BIAS=bias is not None,
-                                                         SPLIT_K=split, BLOCK=block, num_warps=4)
+                                                         SPLIT_K=split, BLOCK=block, num_warps=4,
+                                                         **pdl_options(x.device))
     return y

@@ -29,6 +29,7 @@ import triton
 
 from lmd.turbomind.kernels.host_copy import to_device
 from lmd.turbomind.kernels.paged_attention_kernels import _attention_kernel, _combine_kernel
+from lmd.turbomind.kernels.pdl import pdl_options
 
 LOG2E = 1.4426950408889634
 COMPUTE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -225,6 +226,7 @@ def paged_attention_triton(
         *kp.stride()[:3],
     )
     dot_precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    pdl = pdl_options(q.device)
 
     def launch(
         tiles: torch.Tensor, part: torch.Tensor, part_ml: torch.Tensor, g_rows: int, block_m: int, splits: int, warps: int
@@ -256,6 +258,7 @@ def paged_attention_triton(
             DOT_PRECISION=dot_precision,
             num_warps=warps,
             num_stages=cfg.num_stages,
+            **pdl,
         )
 
     if meta.prefill:
@@ -284,5 +287,6 @@ def paged_attention_triton(
             SPLITS_PAD=triton.next_power_of_2(splits),
             HEAD_DIM=d,
             num_warps=1,
+            **pdl,
         )
     return out

@@ -11,10 +11,13 @@ import torch
 import triton
 import triton.language as tl
 
+from lmd.turbomind.kernels.pdl import pdl_options, pdl_prologue
+
 
 @triton.jit
 def _add_rms_norm_kernel(h_ptr, d_ptr, w_ptr, sum_ptr, out_ptr, H, eps, stride_h, stride_d, stride_s, stride_o,
-                         HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr):
+                         HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    pdl_prologue(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < H
@@ -44,5 +47,5 @@ def add_rms_norm_triton(h: torch.Tensor, delta: torch.Tensor | None, weight: tor
         d = h if delta is None else delta
         _add_rms_norm_kernel[(t,)](h, d, weight, total, out, hidden, eps, h.stride(0), d.stride(0), total.stride(0),
                                    out.stride(0), HAS_DELTA=delta is not None, BLOCK=block,
-                                   num_warps=min(16, max(1, block // 512)))
+                                   num_warps=min(16, max(1, block // 512)), **pdl_options(h.device))
     return total, out

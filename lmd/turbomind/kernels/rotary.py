@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from lmd.turbomind.kernels.pdl import pdl_options, pdl_prologue
+
 
 @triton.jit
 def _round_half_even(y):
@@ -29,7 +31,8 @@ def _round_half_even(y):
 @triton.jit
 def _rotary_qkv_kernel(qkv_ptr, cos_ptr, sin_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, kp_ptr, vp_ptr, stride_qkv,
                        stride_cs, Q_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, D: tl.constexpr, ROT: tl.constexpr,
-                       BLOCK_D: tl.constexpr, TO_SLOTS: tl.constexpr, INT8: tl.constexpr):
+                       BLOCK_D: tl.constexpr, TO_SLOTS: tl.constexpr, INT8: tl.constexpr, USE_PDL: tl.constexpr):
+    pdl_prologue(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     d = tl.arange(0, BLOCK_D)
@@ -105,5 +108,5 @@ def rotary_qkv_triton(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q
             qkv, cos, sin, slots if to_slots else qkv, q, k, v, k_param if int8 else q, v_param if int8 else q,
             qkv.stride(0), cos.stride(0), Q_HEADS=q_heads, KV_HEADS=kv_heads, D=head_dim, ROT=rot,
             BLOCK_D=triton.next_power_of_2(head_dim), TO_SLOTS=to_slots, INT8=int8,
-            num_warps=1 if head_dim <= 128 else 2)
+            num_warps=1 if head_dim <= 128 else 2, **pdl_options(qkv.device))
     return q, k, v

@@ -10,9 +10,12 @@ import torch
 import triton
 import triton.language as tl
 
+from lmd.turbomind.kernels.pdl import pdl_options, pdl_prologue
+
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, inter, stride_gu, stride_o, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gu_ptr, out_ptr, inter, stride_gu, stride_o, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    pdl_prologue(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inter
@@ -30,5 +33,5 @@ def silu_mul_triton(gu: torch.Tensor) -> torch.Tensor:
     block = min(1024, triton.next_power_of_2(inter))
     if t:
         _silu_mul_kernel[(t, triton.cdiv(inter, block))](gu, out, inter, gu.stride(0), out.stride(0), BLOCK=block,
-                                                         num_warps=4)
+                                                         num_warps=4, **pdl_options(gu.device))
     return out
