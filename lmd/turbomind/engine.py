@@ -21,6 +21,7 @@ import torch
 
 from lmd.errors import LmdError
 from lmd.turbomind.beam_request import BeamRequest
+from lmd.turbomind.beam_searches import BeamSearches
 from lmd.turbomind.block_manager import BlockManager
 from lmd.turbomind.forward_batch import InflightIds
 from lmd.turbomind.gen_config import GenerationConfig
@@ -104,11 +105,11 @@ class Engine:
         self._states: dict[int, RequestState] = {}
         self._unscheduled: dict[int, RequestState] = {}  # admitted, no step has computed them yet
         self._seq_of: dict[object, int] = {}
-        self._beam_of: dict[int, BeamRequest] = {}  # seq_id of a running beam -> its request
-        self._beam_requests: dict[object, BeamRequest] = {}  # every request id of a beam search -> the request
         self._next_seq_id = 0
         self._inbox: list[Callable[[], None]] = []
         self._cv = threading.Condition()
+        self.beams = BeamSearches(self.scheduler, self.block_manager, self.runner, self.tokenizer, self._new_seq_id,
+                                  self._forget_ids)
         self._counts = dict(prompt_tokens=0, computed_tokens=0, generated_tokens=0, preemptions=0, steps=0,
                             prefill_steps=0)
         self._stopping = False
@@ -116,7 +117,6 @@ class Engine:
         self._pending: list[tuple[RequestState, int, Any, Any, str | None]] = []  # accepted, text not yet streamed
         self._overlap = self._defer_output and self.runner.world == 1  # in-flight ids stay on rank 0's device
         self._inflight: _InflightStep | None = None
-        self._beam_rows: list[tuple[int, int]] = []  # (seq_id, logits row) of this step's beams
         self.last_error: Exception | None = None
         self._thread: threading.Thread | None = None
         if start:
@@ -266,9 +266,9 @@ class Engine:
         proposed = [] if self.speculator is None else self.speculator.propose(self.scheduler.running, self._states,
                                                                             self.max_len, self.sampler)
         output = self.scheduler.schedule()
-        if not output.chunks and self._beam_of and self._inflight is None:
-            output = self._unblock_beams() or output
-        if self._unscheduled or self._beam_of:
+        if not output.chunks and self.beams and self._inflight is None:
+            output = self.beams.unblock() or output
+        if self._unscheduled or self.beams:
             self._stamp_scheduled(output)
         for seq in proposed:
             seq.draft_token_ids = []  # taken into this step's chunks (or dropped: preempted, out of budget)
@@ -297,8 +297,8 @@ class Engine:
             rows = {state.seq.seq_id: i for i, state in enumerate(states)}  # a verification: its last row (unused)
             self._inflight = _InflightStep(states, sample, InflightIds(rows, sample.token_ids_device), prompt,
                                            prompt_states, drafts)
-        if self._beam_rows:  # waits for this step's logits: beams are never overlapped
-            self._advance_beams(step_logits)
+        if self.beams.rows:  # waits for this step's logits: beams are never overlapped
+            self._counts["generated_tokens"] += self.beams.advance(step_logits)
         # A speculating request's next proposal needs every token it has: its steps are not overlapped.
         speculating = self.speculative is not None and any(state.speculative is not None for state in states)
         if self._overlap and not speculating:
@@ -353,11 +353,11 @@ class Engine:
         prompt logprobs of the all_logits chunks (queued), and the proposals verified."""
         states, sample_rows, targets, owners, row, reshaped = [], [], [], {}, 0, False
         drafts: dict[int, tuple[int, ...]] = {}
-        self._beam_rows = []  # beams' rows, for _advance_beams
+        self.beams.rows = []  # beams' rows, for BeamSearches.advance
         for chunk in output.chunks:
-            if chunk.seq_id in self._beam_of:  # a beam: its row goes to the beam search, not to the sampler
+            if chunk.seq_id in self.beams.of_seq:  # a beam: its row goes to the beam search, not to the sampler
                 if chunk.needs_logits:
-                    self._beam_rows.append((chunk.seq_id, row))
+                    self.beams.rows.append((chunk.seq_id, row))
                     row += 1
                     reshaped = True
                 continue
@@ -460,7 +460,7 @@ class Engine:
             if state is not None:
                 for scheduled in (state, *state.siblings):
                     scheduled.timer.scheduled = now
-            beams = self._beam_of.get(chunk.seq_id)
+            beams = self.beams.of_seq.get(chunk.seq_id)
             if beams is not None and beams.timer.scheduled is None:
                 beams.timer.scheduled = now
 
@@ -474,9 +474,9 @@ class Engine:
 
     def _abort(self, request_id: object) -> None:
         self._flush()  # its tokens sampled so far reach its stream before the abort (costs one wait for the GPU)
-        beams = self._beam_requests.get(request_id)
+        beams = self.beams.by_request_id.get(request_id)
         if beams is not None:  # any of its streams aborts the whole search
-            self._finish_beams(beams, "abort")
+            self.beams.finish(beams, "abort")
             return
         seq_id = self._seq_of.get(request_id)
         if seq_id is not None and seq_id in self._states:
@@ -499,68 +499,16 @@ class Engine:
         self._flush()
         for seq_id in list(self._states):
             self._finish(seq_id, reason)
-        for beams in list(dict.fromkeys(self._beam_requests.values())):
-            self._finish_beams(beams, reason)
-
-    # ---- beam search (beam_request.py) ----
+        self.beams.finish_all(reason)
 
     def _admit_beams(self, request: BeamRequest) -> None:
-        self._beam_of[request.beams[0].seq_id] = request
-        for rid in request.request_ids:
-            self._beam_requests[rid] = request
         self._counts["prompt_tokens"] += request.num_prompt_tokens
-        self.scheduler.add(request.beams[0])
+        self.beams.admit(request)
 
-    def _advance_beams(self, logits: torch.Tensor) -> None:
-        """This step's beam rows: each beam's top continuations to the host; every request whose beams have all
-        reported decides its round, forks and frees beams, and ends when its search is done."""
-        beam_rows, self._beam_rows = self._beam_rows, []
-        width = min(logits.shape[1], max(self._beam_of[seq_id].num_candidates for seq_id, _ in beam_rows))
-        picked = logits[to_device([r for _, r in beam_rows], torch.int64, logits.device)]
-        logprobs, token_ids = torch.log_softmax(picked.float(), dim=-1).topk(width, dim=-1)
-        logprobs, token_ids = logprobs.cpu(), token_ids.cpu()
-        self._counts["generated_tokens"] += len(beam_rows)  # one candidate token per beam and round
-        for i, (seq_id, _) in enumerate(beam_rows):
-            request = self._beam_of[seq_id]
-            n = request.num_candidates
-            if not request.report(seq_id, logprobs[i, :n], token_ids[i, :n]):
-                continue
-            parents = [beam.seq_id for beam in request.beams]
-            request.advance(self.scheduler, self.block_manager,
-                                    lambda src, dst: self.runner.cache.copy_blocks([src], [dst]),
-                                    self._new_seq_id, can_share=self.runner.world == 1)
-            for parent in parents:
-                self._beam_of.pop(parent)
-            if request.search.done:
-                self._finish_beams(request, None)
-                continue
-            for beam in request.beams:
-                self._beam_of[beam.seq_id] = request
-
-    def _finish_beams(self, request: BeamRequest, reason: str | None) -> None:
-        """Free every beam of the search; its streams get the n best hypotheses (reason None) or empty ends."""
-        request.release(self.scheduler)
-        for beam in request.beams:
-            self._beam_of.pop(beam.seq_id, None)
-        with self._cv:
-            for rid in request.request_ids:
-                self._beam_requests.pop(rid, None)
+    def _forget_ids(self, request_ids: list[object]) -> None:
+        with self._cv:  # generate() checks request ids under the same lock
+            for rid in request_ids:
                 self._seq_of.pop(rid, None)
-        for stream, delta in zip(request.streams, request.final_deltas(self.tokenizer, reason), strict=True):
-            stream.put(delta)
-
-    def _unblock_beams(self) -> SchedulerOutput | None:
-        """Nothing scheduled while beams idle, waiting for a sibling that no free block admits: the newest other
-        searches' idle beams give their blocks back (they recompute later, mostly from the prefix cache)."""
-        head = self.scheduler.waiting[0] if self.scheduler.waiting else None
-        blocking = self._beam_of.get(head.seq_id) if head is not None else None
-        victims = [seq for seq in reversed(self.scheduler.running)
-                   if seq.seq_id in self._beam_of and self._beam_of[seq.seq_id] is not blocking]
-        if head is None or not victims:
-            return None
-        for seq in victims:
-            self.scheduler.preempt(seq, to_back=True)
-        return self.scheduler.schedule()
 
     def _new_seq_id(self) -> int:
         with self._cv:
