@@ -35,7 +35,7 @@ def compile_plan(plan, x, qw, s, z, out):
                                       BLOCK_N=plan.block_n, BLOCK_M=plan.block_m, BLOCK_K=plan.block_k, SPLIT_K=1,
                                       DECODE=DECODES.index(plan.decode), PTX=True,
                                       EVEN=n % plan.block_n == 0 and k % plan.block_k == 0,
-                                      ROWS=frag_row_warps(plan),
+                                      ROWS=frag_row_warps(plan), USE_PDL=False,
                                       num_warps=plan.num_warps, num_stages=plan.num_stages)
     tiles = triton.cdiv(m, plan.block_m) * triton.cdiv(n, plan.block_n)
     return _gemm_kernel[(tiles, 1)](x, qw, s, z, out, out, out, out, m, n, k, GROUP=group, HAS_BIAS=False,

@@ -46,6 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
+from lmd.turbomind.kernels.pdl import pdl_options, pdl_prologue
 from lmd.turbomind.kernels.w4a16_epilogue import load_tile, split_k_steps, store_tile, tile_launch_buffers
 from lmd.turbomind.kernels.w4a16_gemm import nibble_as_act
 
@@ -204,7 +205,8 @@ def _asm_weight_tile(qw_ptr, s_ptr, z_ptr, offs_n, n_mask, step, N, K, GROUP: tl
 def _wt_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K,
                GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, DECODE: tl.constexpr, PTX: tl.constexpr,
-               EVEN: tl.constexpr, ROWS: tl.constexpr):
+               EVEN: tl.constexpr, ROWS: tl.constexpr, USE_PDL: tl.constexpr):
+    pdl_prologue(USE_PDL)
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     tiles_m = tl.cdiv(M, BLOCK_M)
@@ -280,5 +282,5 @@ def gemm_wt(x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zero
         GROUP=group, HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k,
         SPLIT_K=cfg.split_k, DECODE=DECODES.index(cfg.decode), PTX=x2d.is_cuda,
         EVEN=n % cfg.block_n == 0 and k % cfg.block_k == 0, ROWS=frag_row_warps(cfg), num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages)
+        num_stages=cfg.num_stages, **pdl_options(x2d.device))
     return out

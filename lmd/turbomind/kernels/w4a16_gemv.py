@@ -35,6 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
+from lmd.turbomind.kernels.pdl import pdl_options, pdl_prologue
 from lmd.turbomind.kernels.w4a16_epilogue import SplitKWorkspace, load_tile, split_k_steps, store_tile
 
 
@@ -149,7 +150,9 @@ def _fold(acc, dh, dl, xh, xl, s, z):
 @triton.jit(do_not_specialize=["M"])
 def _gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K,
                  GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K8: tl.constexpr,
-                 SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr, PTX: tl.constexpr):
+                 SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr, PTX: tl.constexpr,
+                 USE_PDL: tl.constexpr):
+    pdl_prologue(USE_PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -247,5 +250,5 @@ def gemv(x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: 
         x2d, qweight, scales, zeros, bias if bias is not None else out, out, ws, cnt, m, n, k,
         GROUP=group, HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n, BLOCK_K8=cfg.block_k8,
         SPLIT_K=cfg.split_k, BLOCK_M=cfg.block_m, EVEN_K=k % (8 * cfg.block_k8) == 0, PTX=x2d.is_cuda,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_options(x2d.device))
     return out
