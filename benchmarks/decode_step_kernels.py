@@ -1,7 +1,7 @@
-"""Where the GPU time of one decode step goes, per kernel: Llama-2-7B-shaped fp16 random weights, a batch of decoding
-sequences at a short and a long context (issue 14, deliverable 3). A CUDA machine.
+"""Where the GPU time of one decode step goes, per kernel: Llama-2-7B-shaped fp16 (or int4) random weights, a batch of
+decoding sequences at a short and a long context (issue 14, deliverable 3). A CUDA machine.
 
-    python3 benchmarks/decode_step_kernels.py [--batch 64] [--contexts 128,1024] [--steps 10]
+    python3 benchmarks/decode_step_kernels.py [--batch 64] [--contexts 128,1024] [--steps 10] [--weights int4]
 
 For each context the engine (start=False, CUDA graphs off so that every kernel launch is visible) prefills `batch`
 prompts of that length, decodes a few warm-up steps, then runs `steps` decode steps under torch.profiler. Kernel
@@ -37,8 +37,8 @@ SHAPES = {"llama2-7b": LLAMA2_7B,  # Llama-3-8B: 32 heads / 8 KV heads, vocab 12
 GROUPS = (  # first match wins: (group, substrings of the kernel name, lower case)
     ("attention", ("_attention_kernel", "_combine_kernel", "flash", "sdpa", "attention")),
     ("fused layer ops", ("rms", "silu", "rotary", "rope", "norm")),
-    ("GEMM", ("nvjet", "gemm", "gemv", "dense_mma", "split_sum", "cutlass", "sm90_xmma", "ampere", "cublas", "matmul",
-              "splitk")),
+    ("GEMM", ("nvjet", "gemm", "gemv", "dense_mma", "split_sum", "cutlass", "_wt_kernel", "sm90_xmma", "ampere", "cublas",
+              "matmul", "splitk")),
     ("sampling + logits", ("argmax", "softmax", "topk", "sort", "max", "reduce", "log_softmax", "cumsum")),
     ("copies + index", ("copy", "index", "gather", "scatter", "fill", "cat", "elementwise")),
 )
@@ -122,14 +122,15 @@ def main() -> None:
     p.add_argument("--quant-policy", type=int, default=0, choices=(0, 4), help="KV cache: 0 fp16, 4 online int8")
     p.add_argument("--shape", default="llama2-7b", choices=tuple(SHAPES), help="model shape (random weights)")
     p.add_argument("--prefill", type=int, default=0, help="tokens of a new prompt admitted by every profiled step")
+    p.add_argument("--weights", default="fp16", choices=("fp16", "int4"), help="fp16, or AWQ int4 g128 (W4A16)")
     args = p.parse_args()
     device = "cuda"
     contexts = [int(c) for c in args.contexts.split(",")]
     results: dict = {"gpu": torch.cuda.get_device_name(), "batch": args.batch, "steps": args.steps,
-                     "prefill": args.prefill,
+                     "prefill": args.prefill, "weights": args.weights,
                      "quant_policy": args.quant_policy, "contexts": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        ws = build_workspace(Path(tmp, "ws"), SHAPES[args.shape], False, 2048, torch.device(device))
+        ws = build_workspace(Path(tmp, "ws"), SHAPES[args.shape], args.weights == "int4", 2048, torch.device(device))
         for context in contexts:
             engine = decoding_engine(ws, args, context, cuda_graph=False, device=device)
             kernels = kernel_profile(engine, args.steps, args.prefill)
@@ -154,7 +155,7 @@ def main() -> None:
     for context, r in results["contexts"].items():
         kv = "int8" if args.quant_policy == 4 else "fp16"
         replay = "" if r["graph_replay_ms"] is None else f"graph replay {r['graph_replay_ms']:.3f} ms/step, "
-        print(f"\n{results['gpu']}, fp16 {args.shape} shape, KV {kv}, batch {args.batch}, context {context}"
+        print(f"\n{results['gpu']}, {args.weights} {args.shape} shape, KV {kv}, batch {args.batch}, context {context}"
               + (f", + a {args.prefill}-token prompt per step" if args.prefill else "")
               + f": {replay}eager kernels sum {r['kernel_sum_ms']:.3f} ms")
         for group, ms in sorted(r["groups_ms"].items(), key=lambda kv: -kv[1]):
