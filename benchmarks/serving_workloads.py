@@ -8,7 +8,9 @@ Models (random weights, built as benchmarks/engine.py builds them; no checkpoint
 Llama-3-8B shape (32 heads / 8 KV heads, hidden 4096, 32 layers, intermediate 14336, vocab 128256) run in bf16 (the
 workspace is written fp16 and the engine casts it at load), and `llama2-7b`, fp16; `llama3-8b-fp8` and
 `llama3-8b-int8` are the 8B shape with W8A8 linears (e4m3 / int8 per-channel weights, per-token dynamic activations;
-lmd only: compare them with `llama3-8b` in the same call). Prompts are random token ids of real lengths and every
+lmd only: compare them with `llama3-8b` in the same call); `llama2-7b-int4` is the 7B shape with AWQ int4 g128
+linears (W4A16, tuned for every step size before timing), which LMDeploy serves as an AutoAWQ checkpoint of the same
+codes (HF transformers skipped). Prompts are random token ids of real lengths and every
 request generates exactly its output length (EOS ignored), so random weights do real work.
 
 Lengths, counted with SmolLM2's tokenizer (the shared GGUF): the ShareGPT first-turn prompts of `<data>/sharegpt/`
@@ -66,8 +68,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from decode_vs_lmdeploy import install_lmdeploy, lmdeploy_env, run_child, write_hf_checkpoint  # noqa: E402
-from engine import LLAMA2_7B, SHAPE_KEYS, TINY, build_workspace  # noqa: E402
+from decode_vs_lmdeploy import (  # noqa: E402
+    install_lmdeploy,
+    lmdeploy_env,
+    run_child,
+    write_awq_checkpoint,
+    write_hf_checkpoint,
+)
+from engine import LLAMA2_7B, SHAPE_KEYS, TINY, build_workspace, prewarm_int4  # noqa: E402
 from step_trace import StepTrace  # noqa: E402
 
 from lmd.bench.report import ms_summary, throughput_report  # noqa: E402
@@ -91,10 +99,12 @@ class ModelSpec:
     shape: dict[str, int]
     dtype: str  # the engines' compute dtype: fp16, bf16 or fp32
     w8a8: str | None = None  # int8 / fp8: W8A8 linears (per-channel weights, per-token activations); None: float
+    int4: bool = False  # W4A16: AWQ int4 g128 linears (LMDeploy serves the same codes as an AutoAWQ checkpoint)
 
 
 MODELS = {"llama3-8b": ModelSpec(LLAMA3_8B, "bf16"), "llama2-7b": ModelSpec(LLAMA2_7B, "fp16"),
-          "llama3-8b-fp8": ModelSpec(LLAMA3_8B, "bf16", "fp8"), "llama3-8b-int8": ModelSpec(LLAMA3_8B, "bf16", "int8")}
+          "llama3-8b-fp8": ModelSpec(LLAMA3_8B, "bf16", "fp8"), "llama3-8b-int8": ModelSpec(LLAMA3_8B, "bf16", "int8"),
+          "llama2-7b-int4": ModelSpec(LLAMA2_7B, "fp16", int4=True)}
 TINY_MODEL = ModelSpec(TINY, "fp32")
 TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -390,7 +400,10 @@ def hf_static(hf_dir: Path, requests: list[BenchRequest], batch_size: int, dtype
 
 
 def write_peer_checkpoint(ws: Path, out: Path, spec: ModelSpec, session_len: int) -> Path:
-    """The workspace as an HF Llama directory, in the model's dtype and context (LMDeploy and transformers read it)."""
+    """The workspace as an HF Llama directory, in the model's dtype and context (LMDeploy and transformers read it);
+    an int4 one as an AutoAWQ checkpoint of the same codes (LMDeploy's AWQ path)."""
+    if spec.int4:
+        return write_awq_checkpoint(ws, out, spec.shape, session_len)
     return write_hf_checkpoint(ws, out, spec.shape, session_len, str(TORCH_DTYPES[spec.dtype]).removeprefix("torch."))
 
 
@@ -595,7 +608,7 @@ class ModelRun:
 
 def run_model(name: str, spec: ModelSpec, lengths: Lengths, settings: Settings, args: argparse.Namespace,
               phases: Phases) -> None:
-    results: dict[str, Any] = {"shape": spec.shape, "dtype": spec.dtype, "w8a8": spec.w8a8}
+    results: dict[str, Any] = {"shape": spec.shape, "dtype": spec.dtype, "w8a8": spec.w8a8, "int4": spec.int4}
     phases.results["models"][name] = results
     vocab = spec.shape["vocab_size"]
     requests = real_requests(lengths.requests[:args.num_requests], settings, vocab, settings.seed)
@@ -609,9 +622,13 @@ def run_model(name: str, spec: ModelSpec, lengths: Lengths, settings: Settings, 
     root = Path(tempfile.mkdtemp(prefix=f"lmd-serving-{name}-", dir=os.environ.get("TMPDIR")))
     try:
         start = time.perf_counter()
-        ws = build_workspace(root / "ws", spec.shape, False, settings.session_len, torch.device(settings.device),
+        ws = build_workspace(root / "ws", spec.shape, spec.int4, settings.session_len, torch.device(settings.device),
                              w8a8=spec.w8a8)
         phases.note(f"{name}: workspace built", time.perf_counter() - start)
+        if spec.int4 and settings.device == "cuda":  # W4A16 tuning of every M bucket a step can have, before timing
+            start = time.perf_counter()
+            prewarm_int4(ws, settings.prefill_tokens + settings.max_batch_size, torch.device(settings.device))
+            phases.note(f"{name}: W4A16 plans tuned", time.perf_counter() - start)
         run = ModelRun(name, spec, ws, requests, warmup, lengths, settings, args, phases, results)
         if "real" in args.workloads:
             results["real"] = {}
@@ -666,7 +683,7 @@ def lmd_phases(run: ModelRun) -> None:
 def peer_phases(run: ModelRun, hf_dir: Path) -> None:
     """LMDeploy and HF transformers on the real workload, from the workspace turned back into an HF checkpoint."""
     args, phases, real = run.args, run.phases, run.results["real"]
-    hf = bool(args.hf_requests) and run.name in args.hf_models
+    hf = bool(args.hf_requests) and run.name in args.hf_models and not run.spec.int4  # transformers: no AWQ here
     if run.spec.w8a8:  # the peers run float checkpoints: compare a W8A8 model with its float twin instead
         return
     if (args.no_peer and not hf) or phases.left(run.name, "real") <= 0:
