@@ -1,15 +1,20 @@
-"""Speculative decoding on CPU: SmolLM2-135M-Instruct fp32, batch 1, greedy; plain decoding vs n-gram prompt lookup.
+"""Speculative decoding on CPU: SmolLM2-135M-Instruct, batch 1, greedy; plain decoding vs n-gram prompt lookup.
 
     python3 benchmarks/speculative_cpu.py [--workspace DIR] [--max-new-tokens 128] [--num-wiki 4] [--num-mt 8]
-        [--num-speculative-tokens 2,4] [--draft-layers 8 --draft-tokens 3]
+        [--num-speculative-tokens 2,4] [--draft-layers 8 --draft-tokens 3] [--dtype fp32|bf16]
 
 Prompt sets: `wiki-rewrite` and `wiki-summary` (a WikiText-2 test paragraph to rewrite / summarise), `code-edit` (a
 Python block to return with one change), `mt-bench` (MT-bench first turns: little to copy). Each prompt runs on
 both engines, alternately first, so the load of a shared machine falls on both alike; a run is timed from its first
 token to its last (decode only: the prompt's prefill is the same work in both), in wall time and in this process's
 CPU time. torch runs one thread: on 2 cores shared with other work, two threads spin against each other (a plain
-decode step measured 100 ms of CPU with one thread, 300 ms with two). Outputs are checked token-identical. Writes
-./speculative_cpu.json (or $OUT/) and prints a table.
+decode step measured 100 ms of CPU with one thread, 300 ms with two). Outputs are checked against plain decoding:
+identical prompts and the share of tokens before the first difference. `--dtype bf16`: oneDNN's bf16 GEMMs cost about
+the same for 1 to 8 token rows on AVX512-BF16 CPUs (fp32 ones grow with the rows), so a verification costs about a
+plain step. In bf16 the outputs may part from plain decoding at a near-tie: a verification's rows go through oneDNN's
+GEMM where a plain step's one row takes its GEMV, and SDPA's sums depend on the key count of the chunk, so the same
+position rounds differently (as any change of batch shape does in bf16; fp32 is token-identical, the tests' case).
+Writes ./speculative_cpu.json (or $OUT/) and prints a table.
 """
 
 from __future__ import annotations
@@ -135,12 +140,25 @@ def deploy_workspace(path: Path) -> Path:
     return path
 
 
+def same_prefix(tokens: list[int], reference: list[int]) -> int:
+    """How many leading tokens agree (bf16 outputs may part at a near-tie: a verification's GEMMs have more rows)."""
+    n = 0
+    for a, b in zip(tokens, reference, strict=False):
+        if a != b:
+            break
+        n += 1
+    return n
+
+
 def summarise(rows: list[dict], label: str) -> dict:
     plain_s, spec_s = sum(r["plain_s"] for r in rows), sum(r[f"{label}_s"] for r in rows)
     plain_cpu, spec_cpu = sum(r["plain_cpu_s"] for r in rows), sum(r[f"{label}_cpu_s"] for r in rows)
     proposed, accepted = sum(r[f"{label}_proposed"] for r in rows), sum(r[f"{label}_accepted"] for r in rows)
     verifications = sum(r[f"{label}_verifications"] for r in rows)
-    return dict(identical=all(r[f"{label}_identical"] for r in rows), plain_s=plain_s, spec_s=spec_s,
+    return dict(identical=all(r[f"{label}_identical"] for r in rows),
+                identical_prompts=sum(r[f"{label}_identical"] for r in rows),
+                same_prefix_share=sum(r[f"{label}_same_prefix"] for r in rows) / sum(r["tokens"] for r in rows),
+                plain_s=plain_s, spec_s=spec_s,
                 speedup=plain_s / spec_s, cpu_speedup=plain_cpu / spec_cpu,
                 worst_prompt_cpu_speedup=min(r["plain_cpu_s"] / r[f"{label}_cpu_s"] for r in rows),
                 steps_ratio=sum(r["plain_steps"] for r in rows) / sum(r[f"{label}_steps"] for r in rows),
@@ -161,10 +179,12 @@ def main() -> None:
                         help="also a draft-model engine: the model's first N layers and its head (0: none)")
     parser.add_argument("--draft-tokens", type=int, default=3, help="K of the draft-model engine")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"],
+                        help="the engines' compute dtype (the workspace is fp32; bf16 casts it at load)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     ws = deploy_workspace(Path(args.workspace))
-    options = dict(start=False, cache_max_entry_count=64, cache_block_seq_len=64, session_len=4096)
+    options = dict(start=False, cache_max_entry_count=64, cache_block_seq_len=64, session_len=4096, dtype=args.dtype)
     engines = {"plain": Engine(ws, **options)}
     for k in (int(x) for x in args.num_speculative_tokens.split(",")):
         spec = SpeculativeConfig("ngram", k, prompt_lookup_min=args.prompt_lookup_min)
@@ -191,7 +211,8 @@ def main() -> None:
                 if label == "plain":
                     continue
                 after, was = engines[label].stats(), before[label]
-                row.update({f"{label}_identical": tokens == run["plain"][0], f"{label}_s": wall,
+                row.update({f"{label}_identical": tokens == run["plain"][0],
+                            f"{label}_same_prefix": same_prefix(tokens, run["plain"][0]), f"{label}_s": wall,
                             f"{label}_cpu_s": cpu, f"{label}_steps": steps,
                             f"{label}_proposed": after.spec_proposed_tokens - was.spec_proposed_tokens,
                             f"{label}_accepted": after.spec_accepted_tokens - was.spec_accepted_tokens,
@@ -202,14 +223,14 @@ def main() -> None:
                              **{label: summarise(rows, label) for label in engines if label != "plain"})
     out = Path(os.environ.get("OUT", ".")) / "speculative_cpu.json"
     out.write_text(json.dumps(dict(args=vars(args), results=results), indent=1))
-    print(f"\n{'set':<14}{'engine':<10}{'prompts':>8}{'tokens':>7}{'same':>6}{'plain s':>9}{'spec s':>8}"
+    print(f"\n{'set':<14}{'engine':<10}{'prompts':>8}{'tokens':>7}{'same':>6}{'prefix':>7}{'plain s':>9}{'spec s':>8}"
           f"{'wall x':>8}{'CPU x':>7}{'worst':>7}{'steps x':>8}{'accept':>7}{'mean len':>9}")
     for name, r in results.items():
         for label in engines:
             if label == "plain":
                 continue
             m = r[label]
-            print(f"{name:<14}{label:<10}{r['prompts']:>8}{r['tokens']:>7}{str(m['identical']):>6}"
+            print(f"{name:<14}{label:<10}{r['prompts']:>8}{r['tokens']:>7}{m['identical_prompts']:>6}{m['same_prefix_share']:>7.0%}"
                   f"{m['plain_s']:>9.2f}{m['spec_s']:>8.2f}{m['speedup']:>7.2f}x{m['cpu_speedup']:>6.2f}x"
                   f"{m['worst_prompt_cpu_speedup']:>6.2f}x{m['steps_ratio']:>7.2f}x{m['acceptance']:>7.2f}"
                   f"{m['mean_accepted_length']:>9.2f}")
