@@ -142,12 +142,8 @@ def deploy_workspace(path: Path) -> Path:
 
 def same_prefix(tokens: list[int], reference: list[int]) -> int:
     """How many leading tokens agree (bf16 outputs may part at a near-tie: a verification's GEMMs have more rows)."""
-    n = 0
-    for a, b in zip(tokens, reference, strict=False):
-        if a != b:
-            break
-        n += 1
-    return n
+    pairs = zip(tokens, reference, strict=False)
+    return next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(tokens), len(reference)))
 
 
 def summarise(rows: list[dict], label: str) -> dict:
@@ -230,7 +226,8 @@ def main() -> None:
             if label == "plain":
                 continue
             m = r[label]
-            print(f"{name:<14}{label:<10}{r['prompts']:>8}{r['tokens']:>7}{m['identical_prompts']:>6}{m['same_prefix_share']:>7.0%}"
+            print(f"{name:<14}{label:<10}{r['prompts']:>8}{r['tokens']:>7}{m['identical_prompts']:>6}"
+                  f"{m['same_prefix_share']:>7.0%}"
                   f"{m['plain_s']:>9.2f}{m['spec_s']:>8.2f}{m['speedup']:>7.2f}x{m['cpu_speedup']:>6.2f}x"
                   f"{m['worst_prompt_cpu_speedup']:>6.2f}x{m['steps_ratio']:>7.2f}x{m['acceptance']:>7.2f}"
                   f"{m['mean_accepted_length']:>9.2f}")
