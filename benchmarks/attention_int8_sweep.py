@@ -1,13 +1,14 @@
 """Decode attention at batch 64 (Llama-2-7B: 32 KV heads, head dim 128), fp16 KV against online int8 KV, over a grid
-of kernel configs: which block_n / warps / stages / splits make int8 KV decode faster than fp16's (issue 14, 5c).
-A CUDA machine.
+of kernel configs: which block_n / warps / stages make int8 KV decode faster than fp16's (issue 14, 5c), and which
+make fp16 KV decode faster at short contexts (`--grid-kv fp16`). A CUDA machine.
 
-    python3 benchmarks/attention_int8_sweep.py [--batch 64] [--contexts 128,1024] [--layers 4]
+    python3 benchmarks/attention_int8_sweep.py [--batch 64] [--contexts 128,1024] [--layers 4] [--grid-kv int8,fp16]
 
 Random K/V codes and (scale, zero) per token (timing does not depend on their values), `--layers` separate pools
 visited in turn so L2 never holds the next call's KV; each candidate is a CUDA graph of every layer's decode call x 5,
 median of 5 replays, per layer call. Each int8 config's output is checked against the default config's.
-Writes $OUT/attention_int8_sweep.json and prints the best configs per context last.
+The KV dtypes not in `--grid-kv` run the default config only. Writes $OUT/attention_int8_sweep.json and prints the
+best configs per context and KV dtype last.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from lmd.turbomind.kernels.paged_attention import (  # noqa: E402
 
 HKV, D, BLOCK = 32, 128, 64
 GRID = [AttentionConfig(block_n=bn, decode_warps=w, num_stages=s, num_splits=sp)
-        for bn, w, s, sp in itertools.product((32, 64, 128), (2, 4, 8), (1, 2, 3), (0,))]
+        for bn, w, s, sp in itertools.product((16, 32, 64, 128), (1, 2, 4, 8), (1, 2, 3, 4), (0,))]
 REPS = 5
 
 
@@ -66,7 +67,9 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--contexts", default="128,1024")
     p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--grid-kv", default="int8", help="KV dtypes (fp16, int8) timed over the whole config grid")
     args = p.parse_args()
+    grid_kv = set(args.grid_kv.split(","))
     dev = torch.device("cuda")
     scale = D ** -0.5
     results = []
@@ -80,7 +83,7 @@ def main() -> None:
 
             default = default_config(D, torch.float16)
             ref = run(default)[0].float()
-            for cfg in [default] + (GRID if int8 else []):
+            for cfg in [default] + (GRID if ("int8" if int8 else "fp16") in grid_kv else []):
                 try:
                     out = run(cfg)[0].float()
                     error = (out - ref).abs().max().item()
@@ -101,9 +104,10 @@ def main() -> None:
         rows = [r for r in results if r["ctx"] == ctx]
         base = [r for r in rows if r["default"]]
         print(f"\nctx {ctx}: " + "; ".join(f"{r['kv']} default {r['us']:.1f} µs ({r['tbs']:.2f} TB/s)" for r in base))
-        for r in sorted((r for r in rows if r["kv"] == "int8"), key=lambda r: r["us"])[:6]:
-            print(f"  int8 bn{r['block_n']} w{r['warps']} st{r['stages']}: {r['us']:.1f} µs ({r['tbs']:.2f} TB/s), "
-                  f"max diff {r['error']:.1e}")
+        for kv in sorted(grid_kv):
+            for r in sorted((r for r in rows if r["kv"] == kv), key=lambda r: r["us"])[:8]:
+                print(f"  {kv} bn{r['block_n']} w{r['warps']} st{r['stages']}: {r['us']:.1f} µs ({r['tbs']:.2f} TB/s), "
+                      f"max diff {r['error']:.1e}")
 
 
 if __name__ == "__main__":

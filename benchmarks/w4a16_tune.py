@@ -1,0 +1,79 @@
+"""Tune the W4A16 plans of the Llama-2-7B int4 linears (the engine's shapes: qkv, o, gate+up, down) for every M
+bucket up to --max-m, and report what it costs and what wins (issue 18). A CUDA machine.
+
+    python3 benchmarks/w4a16_tune.py [--max-m 8448] [--shapes 12288x4096,4096x4096,22016x4096,4096x11008]
+
+The plans land in the on-disk plan cache (`$LMD_CACHE_DIR/w4a16_plans.json`), so pointing LMD_CACHE_DIR under $OUT
+brings them back for a later call to reuse (a second engine start on that GPU then tunes nothing). Per (shape,
+bucket): tuning wall time, candidates timed, the winner and its time, the next four, and the fastest candidate of
+each kernel family. Writes $OUT/w4a16_tune.json, prints a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from lmd.turbomind.kernels.w4a16 import TUNE_LOG, m_bucket, plan_for, plan_key  # noqa: E402
+
+SHAPES = "12288x4096,4096x4096,22016x4096,4096x11008"  # N (out) x K (in): qkv, o, gate+up, down
+GROUP = 128
+
+
+def family(name: str) -> str:
+    return name.split(" ")[0]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--max-m", type=int, default=8192 + 256, help="largest row count a step can have")
+    p.add_argument("--shapes", default=SHAPES, help="N x K of each linear, comma-separated")
+    args = p.parse_args()
+    dev = torch.device("cuda")
+    rows = []
+    for shape in args.shapes.split(","):
+        n, k = (int(v) for v in shape.split("x"))
+        codes = torch.randint(0, 16, (k // 8, n), dtype=torch.int32, device=dev)
+        qweight = codes | (codes << 4) | (codes << 12)
+        scales = torch.rand(k // GROUP, n, dtype=torch.float16, device=dev) * 0.01 + 0.001
+        zeros = -8 * scales
+        bucket = 1
+        while True:
+            start = time.perf_counter()
+            plan = plan_for(bucket, qweight, scales, zeros, torch.float16)
+            torch.cuda.synchronize()
+            seconds = time.perf_counter() - start
+            log = sorted(TUNE_LOG.get(plan_key(bucket, qweight, scales, torch.float16), []), key=lambda t: t[1])
+            best_of: dict[str, tuple[str, float]] = {}
+            for name, ms in log:
+                best_of.setdefault(family(name), (name, ms))
+            rows.append(dict(n=n, k=k, bucket=bucket, seconds=seconds, timed=len(log), plan=plan.name(),
+                             top=log[:5], best_of_family=best_of))
+            print(f"{n}x{k} M<={bucket}: {seconds:.1f} s, {len(log)} timed, {plan.name()}"
+                  + (f" {log[0][1] * 1000:.1f} µs" if log else " (from the cache)"), flush=True)
+            if bucket >= m_bucket(args.max_m):
+                break
+            bucket *= 2
+    out = Path(os.environ.get("OUT", "."))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "w4a16_tune.json").write_text(json.dumps(rows, indent=1))
+    total = sum(r["seconds"] for r in rows)
+    print(f"\ntuning wall time {total:.0f} s over {len(rows)} (shape, bucket) pairs")
+    print(f"{'shape':>12} {'M':>5} {'s':>6} {'timed':>5}  winner (µs); best of each other family")
+    for r in rows:
+        top = r["top"][0][1] * 1000 if r["top"] else float("nan")
+        others = ", ".join(f"{f} {ms * 1000:.1f}" for f, (name, ms) in r["best_of_family"].items()
+                           if name != r["plan"])
+        print(f"{r['n']}x{r['k']:<6} {r['bucket']:>5} {r['seconds']:>6.1f} {r['timed']:>5}  {r['plan']} ({top:.1f}); "
+              f"{others}")
+
+
+if __name__ == "__main__":
+    main()
