@@ -33,7 +33,9 @@ from lmd.turbomind.kernels.paged_attention import (  # noqa: E402
 
 HKV, D, BLOCK = 32, 128, 64
 GRID = [AttentionConfig(block_n=bn, decode_warps=w, num_stages=s, num_splits=sp)
-        for bn, w, s, sp in itertools.product((16, 32, 64, 128), (1, 2, 4, 8), (1, 2, 3, 4), (0,))]
+        for bn, w, s, sp in itertools.product((16, 32, 64, 128), (1, 2, 4, 8), (1, 2, 3, 4), (0,))] + [
+    AttentionConfig(block_n=bn, decode_warps=w, num_stages=s, num_splits=sp)  # split contexts: shorter programs
+    for bn, w, s, sp in ((32, 1, 2, 2), (32, 1, 1, 2), (64, 4, 2, 2), (64, 2, 2, 2), (32, 1, 2, 4), (64, 4, 2, 4))]
 REPS = 5
 
 
@@ -106,8 +108,8 @@ def main() -> None:
         print(f"\nctx {ctx}: " + "; ".join(f"{r['kv']} default {r['us']:.1f} µs ({r['tbs']:.2f} TB/s)" for r in base))
         for kv in sorted(grid_kv):
             for r in sorted((r for r in rows if r["kv"] == kv), key=lambda r: r["us"])[:8]:
-                print(f"  {kv} bn{r['block_n']} w{r['warps']} st{r['stages']}: {r['us']:.1f} µs ({r['tbs']:.2f} TB/s), "
-                      f"max diff {r['error']:.1e}")
+                print(f"  {kv} bn{r['block_n']} w{r['warps']} st{r['stages']} sp{r['splits']}: {r['us']:.1f} µs "
+                      f"({r['tbs']:.2f} TB/s), max diff {r['error']:.1e}")
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ def silu_case(dtype: str, inter: int) -> float:
     return _rel(silu_mul_triton(gu), silu_mul_reference(gu))
 
 
-def rotary_case(dtype: str, head_dim: int, rot: int, to_cache: bool) -> float:
+def rotary_case(dtype: str, head_dim: int, rot: int, to_cache: bool, hq: int = 4, hkv: int = 2) -> float:
     """q, k, v of the kernel against rotary_qkv_reference; with the cache: slots shuffled, the pool poisoned
     with NaN, and every slot the batch does not own still NaN afterwards."""
     import torch
@@ -64,7 +64,7 @@ def rotary_case(dtype: str, head_dim: int, rot: int, to_cache: bool) -> float:
     from lmd.turbomind.kv_cache import KVCache
     from lmd.turbomind.rope import rotary_qkv_reference
 
-    dt, t, hq, hkv = _dtype(dtype), 6, 4, 2
+    dt, t = _dtype(dtype), 6
     g = torch.Generator().manual_seed(head_dim + rot)
     qkv = torch.randn(t, (hq + 2 * hkv) * head_dim, generator=g).to(dt)
     angles = torch.rand(t, rot // 2, generator=g) * 6
@@ -85,7 +85,7 @@ def rotary_case(dtype: str, head_dim: int, rot: int, to_cache: bool) -> float:
     return max(_rel(q, q_ref), _rel(k_flat[slots], k_ref), _rel(v_flat[slots], v_ref))
 
 
-def rotary_int8_case(dtype: str, head_dim: int) -> dict[str, float]:
+def rotary_int8_case(dtype: str, head_dim: int, hq: int = 4, hkv: int = 2) -> dict[str, float]:
     """Online int8 into the cache: codes and (scale, zero) exactly KVCache.write's of the kernel's own rotated k and
     v (the rotation itself is checked against the reference above), other slots untouched."""
     import torch
@@ -94,7 +94,7 @@ def rotary_int8_case(dtype: str, head_dim: int) -> dict[str, float]:
     from lmd.turbomind.kv_cache import KVCache
     from lmd.turbomind.rope import rotary_qkv_reference
 
-    dt, t, hq, hkv = _dtype(dtype), 7, 4, 2
+    dt, t = _dtype(dtype), 7
     g = torch.Generator().manual_seed(head_dim)
     qkv = (torch.randn(t, (hq + 2 * hkv) * head_dim, generator=g) * 3).to(dt)
     qkv[2, -head_dim:] = 0.25  # a constant V head: zero range, the scale's floor
@@ -138,12 +138,16 @@ def model_logits(ws: str) -> dict[str, float]:
 NORM_CASES = {f"norm-{d}-h{h}-{'delta' if w else 'plain'}": (d, h, w)
               for d, h, w in (("fp32", 200, True), ("fp16", 96, False), ("fp16", 64, True), ("fp16", 1100, True))}
 SILU_CASES = {f"silu-{d}-i{i}": (d, i) for d, i in (("fp32", 40), ("fp16", 1500))}
-ROTARY_CASES = {f"rotary-{d}-d{hd}-rot{r}-{'cache' if c else 'out'}": (d, hd, r, c)
-                for d, hd, r, c in (("fp32", 16, 16, False), ("fp16", 32, 16, False), ("fp16", 64, 64, True),
-                                    ("fp32", 24, 8, True))}
+# head counts: 4 q / 2 kv (2 heads per program), 16 / 16 (8 per program, the cap), 6 / 3 (1 per program)
+ROTARY_CASES = {f"rotary-{d}-d{hd}-rot{r}-{'cache' if c else 'out'}-h{hq}-{hkv}": (d, hd, r, c, hq, hkv)
+                for d, hd, r, c, hq, hkv in (("fp32", 16, 16, False, 4, 2), ("fp16", 32, 16, False, 4, 2),
+                                             ("fp16", 64, 64, True, 4, 2), ("fp32", 24, 8, True, 4, 2),
+                                             ("fp16", 32, 32, True, 16, 16), ("fp32", 16, 8, True, 6, 3))}
 
 
-ROTARY_INT8_CASES = {f"rotary-int8-{d}-d{hd}": (d, hd) for d, hd in (("fp32", 32), ("fp16", 64), ("fp16", 128))}
+ROTARY_INT8_CASES = {f"rotary-int8-{d}-d{hd}-h{hq}-{hkv}": (d, hd, hq, hkv)
+                     for d, hd, hq, hkv in (("fp32", 32, 4, 2), ("fp16", 64, 4, 2), ("fp16", 128, 4, 2),
+                                            ("fp16", 32, 16, 8), ("fp32", 16, 6, 3))}
 
 
 def main(ws: str) -> None:
