@@ -105,8 +105,7 @@ def _attention_kernel(
     DOT_PRECISION: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    # the metadata (tiles, seq_info, block tables) was written before the step's first kernel, so it is read before
-    # the PDL wait (pdl.py: every kernel before the previous one has completed); q and the new K/V only after it
+    pdl_prologue(USE_PDL)
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -123,6 +122,9 @@ def _attention_kernel(
     row_ok = (tok < q_len) & (rows % G_ROWS < GROUP)
     offs_d = tl.arange(0, HEAD_DIM)
     token = (q_start + tok).to(tl.int64)
+    q = tl.load(
+        q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :], mask=row_ok[:, None], other=0.0
+    )
     # padding rows (tok >= q_len) get positions >= ctx: they see every key and are never stored
     first_pos = ctx - q_len + q0
     q_pos = first_pos + rows // G_ROWS
@@ -132,10 +134,6 @@ def _attention_kernel(
     hi = tl.minimum(lo + per_split, key_end)
     # keys below first_pos + 1 are visible to every row: whole tiles of them run without masks or bounds checks
     full_end = lo + (tl.maximum(tl.minimum(hi, first_pos + 1) - lo, 0) // BLOCK_N) * BLOCK_N
-    pdl_prologue(USE_PDL)
-    q = tl.load(
-        q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :], mask=row_ok[:, None], other=0.0
-    )
 
     k_ptr += kv_head * stride_ch
     v_ptr += kv_head * stride_ch

@@ -4,10 +4,7 @@ A decode step is ~10 small kernels per layer (norm, GEMV, rotary + KV write, att
 as a CUDA graph; at batch 1 each boundary costs the next kernel's launch and ramp-up while the previous one drains.
 Launched with PDL (`launch_pdl`), a kernel may be scheduled onto free SMs while the one before it in the stream is
 still finishing. Every such kernel starts with `griddepcontrol.wait` (the previous kernel complete, its writes
-visible) before it reads anything, then `griddepcontrol.launch_dependents` (the next kernel may be scheduled). The
-one exception is data written before the step's first kernel and never inside the step (the paged attention's
-lengths and block tables): a kernel may read that before its wait, since by the chain argument below every kernel
-but the one just before it has completed when it starts.
+visible) before it reads anything, then `griddepcontrol.launch_dependents` (the next kernel may be scheduled).
 
 Why the chain stays ordered: a kernel that reads what the kernel two launches back wrote is safe, because the one in
 between cannot complete before its own wait has returned. A kernel launched without PDL (cuBLAS, torch) waits for
