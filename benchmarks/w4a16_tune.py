@@ -3,10 +3,11 @@ bucket up to --max-m, and report what it costs and what wins (issue 18). A CUDA 
 
     python3 benchmarks/w4a16_tune.py [--max-m 8448] [--shapes 12288x4096,4096x4096,22016x4096,4096x11008]
 
-The plans land in the on-disk plan cache (`$LMD_CACHE_DIR/w4a16_plans.json`), so pointing LMD_CACHE_DIR under $OUT
-brings them back for a later call to reuse (a second engine start on that GPU then tunes nothing). Per (shape,
-bucket): tuning wall time, candidates timed, the winner and its time, the next four, and the fastest candidate of
-each kernel family. Writes $OUT/w4a16_tune.json, prints a table last.
+Always tunes (the on-disk plan cache and the shipped tables are off here). Per (shape, bucket): tuning wall time,
+candidates timed, the winner and its time, the next four, and the fastest candidate of each kernel family. Writes
+$OUT/w4a16_tune.json and, in the format lmd ships (`lmd/turbomind/kernels/w4a16_shipped_plans.py`), the winners as
+$OUT/<gpu>.json: copied to lmd/turbomind/kernels/w4a16_plans/, it spares a first engine start on that GPU the tuning.
+Prints a table last.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ["LMD_W4A16_PLAN_CACHE"] = "0"  # always tune: the timings are the results
+from lmd.turbomind.kernels import w4a16_shipped_plans as shipped  # noqa: E402
 from lmd.turbomind.kernels.w4a16 import TUNE_LOG, m_bucket, plan_for, plan_key  # noqa: E402
 
 SHAPES = "12288x4096,4096x4096,22016x4096,4096x11008"  # N (out) x K (in): qkv, o, gate+up, down
@@ -29,6 +32,18 @@ GROUP = 128
 
 def family(name: str) -> str:
     return name.split(" ")[0]
+
+
+def write_table(rows: list[dict], gpu: str, out: Path) -> Path:
+    """The winners as the table lmd ships for this GPU (fp16 activations, group GROUP)."""
+    import triton
+
+    plans = {shipped.entry_key(r["bucket"], r["n"], r["k"], GROUP, "float16"): r["plan"] for r in rows if r["timed"]}
+    path = out / shipped.table_file(gpu).name
+    shapes = ",".join(dict.fromkeys(f"{r['n']}x{r['k']}" for r in rows))
+    source = f"benchmarks/w4a16_tune.py --shapes {shapes}"
+    path.write_text(shipped.table_json(gpu, triton.__version__, source, plans))
+    return path
 
 
 def main() -> None:
@@ -64,6 +79,7 @@ def main() -> None:
     out = Path(os.environ.get("OUT", "."))
     out.mkdir(parents=True, exist_ok=True)
     (out / "w4a16_tune.json").write_text(json.dumps(rows, indent=1))
+    write_table(rows, torch.cuda.get_device_name(dev), out)
     total = sum(r["seconds"] for r in rows)
     print(f"\ntuning wall time {total:.0f} s over {len(rows)} (shape, bucket) pairs")
     print(f"{'shape':>12} {'M':>5} {'s':>6} {'timed':>5}  winner (µs); best of each other family")

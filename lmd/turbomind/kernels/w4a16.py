@@ -13,7 +13,8 @@ and the measured fastest wins (H200 figures: docs/benchmarks.md). fp16/bf16 acti
 and machines without Triton take the PyTorch reference. On a GPU the plan of each (bucket, N, K, group, dtype) is
 autotuned once by timing the candidates and cached; `prewarm` does this for every bucket up to max_m, compiles the
 kernels and grows the split-K workspace, so that a CUDA graph capture afterwards never tunes, compiles or allocates.
-Tuned plans are also kept on disk per GPU (`w4a16_plan_cache`), so the next process skips the tuning.
+Tuned plans are also kept on disk per GPU (`w4a16_plan_cache`), so the next process skips the tuning, and lmd ships
+the plans measured on some GPUs (`w4a16_shipped_plans`), so a first start there skips it too.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Union
 import torch
 
 from lmd.turbomind.kernels import w4a16_plan_cache as plan_cache
+from lmd.turbomind.kernels import w4a16_shipped_plans as shipped_plans
 from lmd.turbomind.kernels.gpu_timing import cold_call_ms
 from lmd.turbomind.kernels.w4a16_layout import w4a16_matmul_reference
 
@@ -294,18 +296,22 @@ def plan_for(m: int, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.T
 
 def resolve_plan(key: PlanKey, device: torch.device, gpu: str | None, can_tune: bool,
                  tune_fn: Callable[[list[Plan]], tuple[Plan, list[tuple[str, float]]]]) -> Plan:
-    """A GPU's plan from the on-disk cache, else from tuning the candidates (then cached under a fingerprint of that
-    same list), else the untuned default."""
+    """A GPU's plan from the on-disk cache, else from the table shipped for that GPU (`w4a16_shipped_plans`), else
+    from tuning the candidates (then cached under a fingerprint of that same list), else the untuned default."""
     if gpu is None:
         return default_plan(key.bucket, key.n, key.k, key.group, device)
     plans = candidates(key.bucket, key.n, key.k, key.group, device)
+    dtype = str(key.dtype).removeprefix("torch.")
     disk_key = None
     if plan_cache.enabled():
-        disk_key = plan_cache.cache_key(gpu, key.bucket, key.n, key.k, key.group, str(key.dtype).removeprefix("torch."),
+        disk_key = plan_cache.cache_key(gpu, key.bucket, key.n, key.k, key.group, dtype,
                                         plan_cache.candidates_fingerprint([p.name() for p in plans]))
         cached = plan_cache.plan_from_json(plan_cache.load().get(disk_key, {}), PLAN_KINDS)
         if cached is not None:
             return cached
+        shipped = shipped_plans.lookup(gpu, key.bucket, key.n, key.k, key.group, dtype, plans)
+        if shipped is not None:
+            return shipped
     if not can_tune:
         return default_plan(key.bucket, key.n, key.k, key.group, device)
     plan, TUNE_LOG[key] = tune_fn(plans)

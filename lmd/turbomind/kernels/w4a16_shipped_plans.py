@@ -1,0 +1,62 @@
+"""W4A16 plans measured on a named GPU and shipped with lmd, so that a first engine start there does not tune.
+
+Tuning the four int4 linears of a 7B model for every row bucket a step can have takes ~260 s on an H200, most of it
+compiling the ~200-300 candidates of the buckets up to 64 rows (docs/benchmarks.md, seventeenth session). The winners
+of such a run (`benchmarks/w4a16_tune.py`, which writes this format) live in `w4a16_plans/<gpu>.json`:
+
+    {"gpu": "NVIDIA H200", "triton": "3.6", "source": "...",
+     "plans": {"m<bucket> n<N> k<K> g<group> <dtype>": "<plan name>", ...}}
+
+A shipped plan is used where the on-disk cache of plans tuned on this machine (`w4a16_plan_cache`) has none and only
+if its name is still one of the candidates lmd would tune (a changed candidate list or kernel then tunes again), on
+a GPU of that exact name and a Triton of the same minor version. Shapes, dtypes or group sizes the table lacks tune
+as before. `LMD_W4A16_PLAN_CACHE=0` (always tune) ignores the tables too.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+TABLES = Path(__file__).with_name("w4a16_plans")
+
+
+def table_file(gpu: str) -> Path:
+    return TABLES / (re.sub(r"[^a-z0-9]+", "_", gpu.lower()).strip("_") + ".json")
+
+
+def entry_key(bucket: int, n: int, k: int, group: int, dtype: str) -> str:
+    return f"m{bucket} n{n} k{k} g{group} {dtype}"
+
+
+def minor_version(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+@functools.cache
+def _plans(gpu: str, triton_version: str) -> dict[str, str]:
+    try:
+        table = json.loads(table_file(gpu).read_text())
+    except (OSError, ValueError):
+        return {}
+    if table.get("gpu") != gpu or table.get("triton") != minor_version(triton_version):
+        return {}
+    return dict(table.get("plans", {}))
+
+
+def lookup(gpu: str, bucket: int, n: int, k: int, group: int, dtype: str, candidates: Sequence[Any]) -> Any | None:
+    """The candidate whose name the table holds for this shape on this GPU, or None."""
+    import triton
+
+    name = _plans(gpu, triton.__version__).get(entry_key(bucket, n, k, group, dtype))
+    return next((plan for plan in candidates if plan.name() == name), None) if name else None
+
+
+def table_json(gpu: str, triton_version: str, source: str, plans: dict[str, str]) -> str:
+    """The file `lookup` reads, from entry_key -> plan name."""
+    return json.dumps({"gpu": gpu, "triton": minor_version(triton_version), "source": source,
+                       "plans": dict(sorted(plans.items()))}, indent=1) + "\n"

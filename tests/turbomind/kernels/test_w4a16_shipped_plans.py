@@ -1,0 +1,98 @@
+"""The W4A16 plans shipped per GPU: every entry names a current candidate, and the dispatcher takes a shipped plan
+instead of tuning, after the plans tuned on this machine and only where GPU and Triton version match."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+from lmd.turbomind.kernels import w4a16  # noqa: E402
+from lmd.turbomind.kernels import w4a16_plan_cache as plan_cache  # noqa: E402
+from lmd.turbomind.kernels import w4a16_shipped_plans as shipped  # noqa: E402
+from lmd.turbomind.kernels.w4a16_gemv import GemvConfig  # noqa: E402
+
+SMS = {"NVIDIA H200": 132}  # the candidate list depends on the SM count (split-K sizes)
+GPU = "NVIDIA H200"
+KEY = w4a16.PlanKey(64, 12288, 4096, 128, torch.float16, "cuda:0")
+CUDA = torch.device("cuda")
+
+
+@pytest.fixture(autouse=True)
+def h200(tmp_path, monkeypatch):
+    monkeypatch.setenv("LMD_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("LMD_W4A16_PLAN_CACHE", raising=False)
+    monkeypatch.setattr(w4a16, "_sms", lambda device: SMS[GPU])
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+
+
+def tables() -> list[dict]:
+    return [json.loads(path.read_text()) for path in sorted(shipped.TABLES.glob("*.json"))]
+
+
+def test_every_shipped_plan_is_a_current_candidate(monkeypatch) -> None:
+    assert tables(), f"no tables under {shipped.TABLES}"
+    for table in tables():
+        assert shipped.table_file(table["gpu"]).exists()
+        monkeypatch.setattr(w4a16, "_sms", lambda device, gpu=table["gpu"]: SMS[gpu])
+        for key, name in table["plans"].items():
+            bucket, n, k, group = (int(part[1:]) for part in key.split()[:4])
+            names = [plan.name() for plan in w4a16.candidates(bucket, n, k, group, CUDA)]
+            assert name in names, f"{table['gpu']} {key}: {name} is no longer a candidate (re-run w4a16_tune.py)"
+
+
+def _resolve(tuned=GemvConfig(128, 8, 2, 4, 1, 64)):
+    calls = []
+
+    def tune_fn(plans):
+        calls.append(1)
+        return tuned, [(tuned.name(), 0.01)]
+
+    return w4a16.resolve_plan(KEY, CUDA, GPU, True, tune_fn), len(calls)
+
+
+def test_shipped_plan_is_used_without_tuning() -> None:
+    plan, tunings = _resolve()
+    assert tunings == 0
+    assert plan.name() == tables()[0]["plans"]["m64 n12288 k4096 g128 float16"]
+
+
+def test_plan_tuned_on_this_machine_comes_first() -> None:
+    plans = w4a16.candidates(KEY.bucket, KEY.n, KEY.k, KEY.group, CUDA)
+    tuned_here = plans[-1]
+    assert tuned_here.name() != tables()[0]["plans"]["m64 n12288 k4096 g128 float16"]
+    fingerprint = plan_cache.candidates_fingerprint([p.name() for p in plans])
+    plan_cache.store(plan_cache.cache_key(GPU, KEY.bucket, KEY.n, KEY.k, KEY.group, "float16", fingerprint), tuned_here)
+    assert _resolve() == (tuned_here, 0)
+
+
+def test_other_triton_or_gpu_or_cache_off_tunes(monkeypatch) -> None:
+    monkeypatch.setattr(triton, "__version__", "3.7.1")
+    assert _resolve()[1] == 1
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    other = w4a16.resolve_plan(KEY, CUDA, "NVIDIA H100 80GB HBM3", False, lambda plans: pytest.fail("tuned"))
+    assert other == w4a16.default_plan(KEY.bucket, KEY.n, KEY.k, KEY.group, CUDA)
+    monkeypatch.setenv("LMD_W4A16_PLAN_CACHE", "0")
+    assert _resolve()[1] == 1
+
+
+def test_a_plan_no_longer_among_the_candidates_is_not_used(monkeypatch) -> None:
+    name = tables()[0]["plans"]["m64 n12288 k4096 g128 float16"]
+    original = w4a16.candidates
+    monkeypatch.setattr(w4a16, "candidates", lambda *args: [p for p in original(*args) if p.name() != name])
+    assert _resolve()[1] == 1
+
+
+def test_table_round_trip(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(shipped, "TABLES", tmp_path)
+    shipped._plans.cache_clear()
+    plan = GemvConfig(512, 2, 51, 4, 1, 1)
+    text = shipped.table_json("Some GPU 9", "3.6.2", "test", {shipped.entry_key(1, 8, 16, 128, "float16"): plan.name()})
+    shipped.table_file("Some GPU 9").write_text(text)
+    assert shipped.table_file("Some GPU 9").name == "some_gpu_9.json"
+    assert shipped.lookup("Some GPU 9", 1, 8, 16, 128, "float16", [GemvConfig(), plan]) is plan
+    assert shipped.lookup("Some GPU 9", 2, 8, 16, 128, "float16", [GemvConfig(), plan]) is None
+    shipped._plans.cache_clear()
