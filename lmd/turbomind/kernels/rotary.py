@@ -39,13 +39,13 @@ def _rotary_qkv_kernel(qkv_ptr, cos_ptr, sin_ptr, slot_ptr, q_ptr, k_ptr, v_ptr,
     heads = head0 + tl.arange(0, BLOCK_H)
     d = tl.arange(0, BLOCK_D)
     mask = (d < D)[None, :]
-    src = qkv_ptr + t * stride_qkv + heads[:, None] * D + d[None, :]
-    x = tl.load(src, mask=mask, other=0.0)
+    rows = qkv_ptr + t * stride_qkv + heads[:, None] * D
+    x = tl.load(rows + d[None, :], mask=mask, other=0.0)
     if head0 < Q_HEADS + KV_HEADS:  # rotate q and k heads
         half: tl.constexpr = ROT // 2
         rot = d < ROT
         partner = tl.where(d < half, d + half, d - half)
-        xp = tl.load(src - d[None, :] + partner[None, :], mask=mask & rot[None, :], other=0.0).to(tl.float32)
+        xp = tl.load(rows + partner[None, :], mask=mask & rot[None, :], other=0.0).to(tl.float32)
         c = tl.load(cos_ptr + t * stride_cs + d, mask=(d < D) & rot, other=1.0).to(tl.float32)
         s = tl.load(sin_ptr + t * stride_cs + d, mask=(d < D) & rot, other=0.0).to(tl.float32)
         sign = tl.where(d < half, -1.0, 1.0)

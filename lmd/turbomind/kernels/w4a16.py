@@ -338,14 +338,20 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
     return run_plan(plan, x2d, qweight, scales, zeros, bias).reshape(*lead, -1)
 
 
+def random_weight(n: int, k: int, group_size: int, dtype: torch.dtype,
+                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A random int4 weight in the engine layout (qweight, scales, zeros), to tune on: timing does not depend on it."""
+    codes = torch.randint(0, 16, (k // 8, n), dtype=torch.int32, device=device)
+    qweight = codes | (codes << 4) | (codes << 12)
+    scales = torch.rand(k // group_size, n, dtype=dtype, device=device) * 0.01 + 0.001
+    return qweight, scales, -8 * scales
+
+
 def prewarm(n: int, k: int, group_size: int, dtype: torch.dtype, device: torch.device | str,
             max_m: int) -> dict[int, str]:
     """Tune, compile and size the workspace for every M bucket up to max_m; returns bucket -> chosen plan name."""
     device = torch.device(device)
-    codes = torch.randint(0, 16, (k // 8, n), dtype=torch.int32, device=device)
-    qweight = codes | (codes << 4) | (codes << 12)
-    scales = torch.rand(k // group_size, n, dtype=dtype, device=device) * 0.01 + 0.001
-    zeros = -8 * scales
+    qweight, scales, zeros = random_weight(n, k, group_size, dtype, device)
     chosen: dict[int, str] = {}
     bucket = 1
     while True:
