@@ -2,12 +2,15 @@
 of Llama-2-7B and Llama-3-8B at decode batch sizes M = 16-256 (issue 14, deliverable 3: the batch-64 step). A CUDA
 machine.
 
-    python3 benchmarks/dense_mma_probe.py [--ms 16,32,64,128,256] [--dtype fp16] [--limit-s 300]
+    python3 benchmarks/dense_mma_probe.py [--ms 16,32,64,128,256] [--dtype fp16] [--variants ptr,tma] [--limit-s 300]
 
 Each candidate is timed as a CUDA graph of 24 back-to-back calls that rotate over enough copies of the weight to
 exceed L2 (cold weights, as in a forward pass), median of 7 replays. Every config's output is checked against
-F.linear first. The grid: 64/128 weight rows per program, 64/128-wide key tiles, 4/8 warps, 3-5 stages, split-K
-1/2/4. Writes $OUT/dense_mma_probe.json (every timing) and prints a table last (µs per call, TB/s of weight bytes).
+F.linear first. The grid of the pointer kernel (`ptr`): 64/128 weight rows per program, 64/128-wide key tiles,
+4/8 warps, 3-5 stages, split-K 1/2/4; of the one fed by tensor descriptors (`tma`): the same tiles, 3-6 stages
+where they fit in shared memory, split-K 1/2/4/8 where the grid has 96-600 programs (132 SMs). The planner's
+present candidates for the rows' bucket (`dense_gemv_plan.CANDIDATES`) are always timed too. Writes
+$OUT/dense_mma_probe.json (every timing) and prints a table last (µs per call, TB/s of weight bytes).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.kernels import graph_time_us  # noqa: E402
+from lmd.turbomind.kernels.dense_gemv_plan import CANDIDATES, bucket_of  # noqa: E402
 from lmd.turbomind.kernels.dense_mma import DenseMmaConfig, dense_mma  # noqa: E402
 
 SHAPES = {  # name: (N, K)
@@ -35,17 +39,29 @@ CALLS = 24
 L2_BYTES = 200 << 20  # rotate over copies worth more than this (the H200's L2 is 60 MB)
 
 
-def grid(m: int) -> list[DenseMmaConfig]:
+SMEM_BYTES = 220 << 10  # of the H200's 227 KB per block, some left for the epilogue's scratch
+
+
+def grid(m: int, n: int, variant: str) -> list[DenseMmaConfig]:
+    tma = variant == "tma"
     configs = []
-    for bn, bk, warps, stages, split in itertools.product((64, 128), (64, 128), (4, 8), (3, 4, 5), (1, 2, 4)):
+    for bn, bk, warps, stages, split in itertools.product((64, 128), (64, 128), (4, 8), (3, 4, 5, 6),
+                                                          (1, 2, 4, 8) if tma else (1, 2, 4)):
         if bn * max(16, m) > 128 * 128 and warps == 4:  # the accumulator would not fit 4 warps' registers
             continue
         if warps == 8 and m < 64:
             continue
-        if bk == 128 and stages == 5:
+        if tma and ((bn + max(16, m)) * bk * 2 * stages > SMEM_BYTES or not 96 <= -(-n // bn) * split <= 600):
             continue
-        configs.append(DenseMmaConfig(bn, bk, warps, stages, split))
+        if not tma and (stages == 6 or (bk == 128 and stages == 5)):
+            continue
+        configs.append(DenseMmaConfig(bn, bk, warps, stages, split, tma))
     return configs
+
+
+def planner_candidates(m: int) -> list[DenseMmaConfig]:
+    bucket = bucket_of(m)
+    return [c for c in CANDIDATES.get(bucket, ()) if isinstance(c, DenseMmaConfig)] if bucket else []
 
 
 def main() -> None:
@@ -53,6 +69,7 @@ def main() -> None:
     p.add_argument("--ms", default="16,32,64,128,256")
     p.add_argument("--dtype", default="fp16", choices=("fp16", "bf16"))
     p.add_argument("--shapes", default=",".join(SHAPES))
+    p.add_argument("--variants", default="ptr,tma", help="kernels to sweep: ptr (pointer loads), tma (descriptors)")
     p.add_argument("--limit-s", type=float, default=300.0, help="stop starting new shapes after this long")
     args = p.parse_args()
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
@@ -73,7 +90,8 @@ def main() -> None:
             calls = [ws[i % copies] for i in range(CALLS)]
             cublas = graph_time_us([lambda w=w, x=x: F.linear(x, w) for w in calls], reps=7)
             timed = []
-            for config in grid(m):
+            configs = planner_candidates(m) + [c for v in args.variants.split(",") for c in grid(m, n, v)]
+            for config in dict.fromkeys(configs):
                 try:
                     out = dense_mma(x, ws[0], None, config)
                 except Exception as exc:  # noqa: BLE001 (a config the compiler refuses: out of registers/smem)

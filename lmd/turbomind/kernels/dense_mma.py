@@ -8,6 +8,11 @@ program owns BLOCK_N output features of every token row. Split-K gives the grid 
 programs of a column tile walks one contiguous slice of K and writes an fp32 partial; a second small kernel sums the
 partials in a fixed order (deterministic, unlike atomics) and adds the bias. SPLIT_K = 1 stores the output directly.
 
+With `tma`, both operands come through Hopper's tensor-memory copy engine (host-built descriptors, the tiles out of
+bounds zero-filled, so the loop has no masks or address arithmetic) and Triton pipelines the copies on mbarriers;
+the pointer version stays for GPUs without it and for operands a descriptor cannot take (a base or row stride not
+16-byte aligned).
+
 Reference: `torch.nn.functional.linear` (CI compares under the interpreter; the GPU check and the timing against
 cuBLAS are in benchmarks/dense_mma_probe.py).
 """
@@ -19,6 +24,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from lmd.turbomind.kernels.pdl import pdl_options, pdl_prologue
 
@@ -32,9 +38,11 @@ class DenseMmaConfig:
     num_warps: int = 4
     num_stages: int = 4
     split_k: int = 1
+    tma: bool = False
 
     def name(self) -> str:
-        return f"mma n{self.block_n} k{self.block_k} w{self.num_warps} st{self.num_stages} s{self.split_k}"
+        tma = " tma" if self.tma else ""
+        return f"mma n{self.block_n} k{self.block_k} w{self.num_warps} st{self.num_stages} s{self.split_k}{tma}"
 
 
 @triton.jit
@@ -71,6 +79,31 @@ def _dense_mma_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, M, N, K, k_per_split
 
 
 @triton.jit
+def _dense_mma_tma_kernel(x_desc, w_desc, b_ptr, y_ptr, part_ptr, M, N, K, k_per_split, stride_ym,
+                          HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr):
+    pdl_prologue(USE_PDL)
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    n0 = pid_n * BLOCK_N
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k in range(k_start, k_end, BLOCK_K):
+        acc = tl.dot(w_desc.load([n0, k]), tl.trans(x_desc.load([0, k])), acc)
+    rn = n0 + tl.arange(0, BLOCK_N)
+    rm = tl.arange(0, BLOCK_M)
+    n_mask = rn < N
+    out_mask = n_mask[:, None] & (rm < M)[None, :]
+    if not PARTIAL:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+        tl.store(y_ptr + rm[None, :] * stride_ym + rn[:, None], acc.to(y_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        tl.store(part_ptr + (pid_k * M + rm[None, :]) * N + rn[:, None], acc, mask=out_mask)
+
+
+@triton.jit
 def _split_sum_kernel(part_ptr, b_ptr, y_ptr, M, N, stride_ym, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
                       BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
     pdl_prologue(USE_PDL)
@@ -90,6 +123,12 @@ def block_m_for(m: int) -> int:
     return max(16, triton.next_power_of_2(m))
 
 
+def tma_fits(t: torch.Tensor) -> bool:
+    """A 2-D operand a tensor descriptor can take: 16-byte aligned base and row stride, unit column stride."""
+    row_bytes = t.stride(0) * t.element_size()
+    return t.dim() == 2 and t.stride(1) == 1 and t.data_ptr() % 16 == 0 and row_bytes % 16 == 0
+
+
 def dense_mma(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
               config: DenseMmaConfig = DenseMmaConfig()) -> torch.Tensor:
     """x [M, K] (M <= MAX_M, rows contiguous along K), weight [N, K] contiguous -> [M, N] in x's dtype."""
@@ -103,10 +142,17 @@ def dense_mma(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
     split = triton.cdiv(k, k_per_split)
     part = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else y
     b = bias if bias is not None else weight
-    _dense_mma_kernel[(triton.cdiv(n, config.block_n), split)](
-        x, weight, b, y, part, m, n, k, k_per_split, x.stride(0), weight.stride(0), y.stride(0),
-        HAS_BIAS=bias is not None, PARTIAL=split > 1, BLOCK_M=block_m_for(m), BLOCK_N=config.block_n,
-        BLOCK_K=config.block_k, num_warps=config.num_warps, num_stages=config.num_stages, **pdl_options(x.device))
+    grid = (triton.cdiv(n, config.block_n), split)
+    flags = dict(HAS_BIAS=bias is not None, PARTIAL=split > 1, BLOCK_M=block_m_for(m), BLOCK_N=config.block_n,
+                 BLOCK_K=config.block_k, num_warps=config.num_warps, num_stages=config.num_stages,
+                 **pdl_options(x.device))
+    if config.tma and tma_fits(x) and tma_fits(weight):
+        x_desc = TensorDescriptor.from_tensor(x, [block_m_for(m), config.block_k])
+        w_desc = TensorDescriptor.from_tensor(weight, [config.block_n, config.block_k])
+        _dense_mma_tma_kernel[grid](x_desc, w_desc, b, y, part, m, n, k, k_per_split, y.stride(0), **flags)
+    else:
+        _dense_mma_kernel[grid](x, weight, b, y, part, m, n, k, k_per_split, x.stride(0), weight.stride(0),
+                                y.stride(0), **flags)
     if split > 1:
         block = 1024
         _split_sum_kernel[(triton.cdiv(m * n, block),)](part, b, y, m, n, y.stride(0), HAS_BIAS=bias is not None,

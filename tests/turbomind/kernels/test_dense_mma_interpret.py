@@ -1,6 +1,7 @@
 """The tensor-core skinny GEMM (`kernels/dense_mma.py`) under Triton's CPU interpreter against F.linear: M of 2 to
 40 (padded to the MMA's 16-row granule and beyond), K not a multiple of the key tile, N not a multiple of the column
-tile, split-K 1 to 3 (the last split shorter), with and without bias, fp32 and fp16."""
+tile, split-K 1 to 3 (the last split shorter), with and without bias, fp32 and fp16; the pointer kernel and the one
+fed by tensor descriptors (`tma`, tiles past the edges zero-filled)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ import pytest
 
 from tests.turbomind.kernels.interpreter import run_interpreted, run_jobs
 
-CASES = [(m, n, k, split, dtype, bias) for m, n, k, split, dtype, bias in (
+CASES = [(m, n, k, split, dtype, bias, tma) for m, n, k, split, dtype, bias in (
     (2, 70, 200, 1, "fp32", False), (16, 64, 257, 2, "fp16", True), (5, 33, 300, 3, "fp16", False),
-    (40, 96, 130, 2, "fp32", True))]
+    (40, 96, 130, 2, "fp32", True)) for tma in (False, True)]
+# a descriptor needs 16-byte rows: K = 257 / 300 / 130 fp16 or fp32 rows are not, so those run the pointer kernel
+CASES += [(3, 72, 264, 3, "fp16", True, True), (20, 40, 200, 1, "fp32", False, True)]
 
 
-def _case(m: int, n: int, k: int, split: int, dtype: str, bias: bool) -> float:
+def _case(m: int, n: int, k: int, split: int, dtype: str, bias: bool, tma: bool) -> float:
     import torch
     import torch.nn.functional as F
 
@@ -27,7 +30,7 @@ def _case(m: int, n: int, k: int, split: int, dtype: str, bias: bool) -> float:
     x = torch.randn(m, k, generator=g).to(dt)
     w = (torch.randn(n, k, generator=g) * 0.05).to(dt)
     b = torch.randn(n, generator=g).to(dt) if bias else None
-    out = dense_mma(x, w, b, DenseMmaConfig(block_n=32, block_k=64, num_warps=4, num_stages=1, split_k=split))
+    out = dense_mma(x, w, b, DenseMmaConfig(block_n=32, block_k=64, num_warps=4, num_stages=1, split_k=split, tma=tma))
     ref = F.linear(x.double(), w.double(), None if b is None else b.double())
     return ((out.double() - ref).abs().max() / ref.abs().max()).item()
 
