@@ -3,10 +3,13 @@ of kernel configs: which block_n / warps / stages make int8 KV decode faster tha
 make fp16 KV decode faster at short contexts (`--grid-kv fp16`). A CUDA machine.
 
     python3 benchmarks/attention_int8_sweep.py [--batch 64] [--contexts 128,1024] [--layers 4] [--grid-kv int8,fp16]
+                                               [--small-grid] [--batches 1,16,64]
 
 Random K/V codes and (scale, zero) per token (timing does not depend on their values), `--layers` separate pools
 visited in turn so L2 never holds the next call's KV; each candidate is a CUDA graph of every layer's decode call x 5,
 median of 5 replays, per layer call. Each int8 config's output is checked against the default config's.
+`--small-grid`: block_n 32/64 x 1/2/4 warps x 1/2 stages, the context split chosen as the engine does (the decode
+configs to choose between by batch size); `--batches` runs the sweep at each batch size in turn.
 The KV dtypes not in `--grid-kv` run the default config only. Writes $OUT/attention_int8_sweep.json and prints the
 best configs per context and KV dtype last.
 """
@@ -36,6 +39,8 @@ GRID = [AttentionConfig(block_n=bn, decode_warps=w, num_stages=s, num_splits=sp)
         for bn, w, s, sp in itertools.product((16, 32, 64, 128), (1, 2, 4, 8), (1, 2, 3, 4), (0,))] + [
     AttentionConfig(block_n=bn, decode_warps=w, num_stages=s, num_splits=sp)  # split contexts: shorter programs
     for bn, w, s, sp in ((32, 1, 2, 2), (32, 1, 1, 2), (64, 4, 2, 2), (64, 2, 2, 2), (32, 1, 2, 4), (64, 4, 2, 4))]
+SMALL_GRID = [AttentionConfig(block_n=bn, decode_warps=w, num_stages=s)
+              for bn, w, s in itertools.product((32, 64), (1, 2, 4), (1, 2))]
 REPS = 5
 
 
@@ -70,14 +75,36 @@ def main() -> None:
     p.add_argument("--contexts", default="128,1024")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--grid-kv", default="int8", help="KV dtypes (fp16, int8) timed over the whole config grid")
+    p.add_argument("--small-grid", action="store_true", help="the 12 decode configs of SMALL_GRID, not the full grid")
+    p.add_argument("--batches", default="", help="comma list of batch sizes, each swept in turn (overrides --batch)")
     args = p.parse_args()
+    results = []
+    for batch in [int(b) for b in args.batches.split(",") if b] or [args.batch]:
+        results += sweep(batch, args)
+    out_dir = Path(os.environ.get("OUT", "."))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "attention_int8_sweep.json").write_text(json.dumps(results, indent=1))
     grid_kv = set(args.grid_kv.split(","))
+    for batch, ctx in sorted({(r["batch"], r["ctx"]) for r in results}):
+        rows = [r for r in results if r["ctx"] == ctx and r["batch"] == batch]
+        base = [r for r in rows if r["default"]]
+        print(f"\nbatch {batch} ctx {ctx}: " + "; ".join(f"{r['kv']} default {r['us']:.1f} µs ({r['tbs']:.2f} TB/s)"
+                                                      for r in base))
+        for kv in sorted(grid_kv):
+            for r in sorted((r for r in rows if r["kv"] == kv), key=lambda r: r["us"])[:8]:
+                print(f"  {kv} bn{r['block_n']} w{r['warps']} st{r['stages']} sp{r['splits']}: {r['us']:.1f} µs "
+                      f"({r['tbs']:.2f} TB/s), max diff {r['error']:.1e}")
+
+
+def sweep(batch: int, args: argparse.Namespace) -> list[dict]:
+    grid_kv = set(args.grid_kv.split(","))
+    grid = [c for c in SMALL_GRID if c != default_config(D, torch.float16)] if args.small_grid else GRID
     dev = torch.device("cuda")
     scale = D ** -0.5
     results = []
     for ctx in (int(c) for c in args.contexts.split(",")):
         for int8 in (False, True):
-            layers, meta, q = pools(args.batch, ctx, args.layers, int8, dev)
+            layers, meta, q = pools(batch, ctx, args.layers, int8, dev)
 
             def run(cfg: AttentionConfig, layers=layers, meta=meta, q=q) -> list[torch.Tensor]:
                 return [paged_attention_triton(q, k, v, meta, scale, k_param=kp, v_param=vp, config=cfg)
@@ -85,7 +112,7 @@ def main() -> None:
 
             default = default_config(D, torch.float16)
             ref = run(default)[0].float()
-            for cfg in [default] + (GRID if ("int8" if int8 else "fp16") in grid_kv else []):
+            for cfg in [default] + (grid if ("int8" if int8 else "fp16") in grid_kv else []):
                 try:
                     out = run(cfg)[0].float()
                     error = (out - ref).abs().max().item()
@@ -93,23 +120,13 @@ def main() -> None:
                 except Exception as exc:  # noqa: BLE001 (a config that does not compile)
                     print(f"ctx {ctx} {'int8' if int8 else 'fp16'} {cfg}: {type(exc).__name__}", flush=True)
                     continue
-                kv_bytes = args.batch * ctx * HKV * D * 2 * (1 if int8 else 2)
-                results.append(dict(ctx=ctx, kv="int8" if int8 else "fp16", default=cfg == default, block_n=cfg.block_n,
-                                    warps=cfg.decode_warps, stages=cfg.num_stages, splits=cfg.num_splits, us=us,
-                                    tbs=kv_bytes / us / 1e6, error=error))
+                kv_bytes = batch * ctx * HKV * D * 2 * (1 if int8 else 2)
+                results.append(dict(batch=batch, ctx=ctx, kv="int8" if int8 else "fp16", default=cfg == default,
+                                    block_n=cfg.block_n, warps=cfg.decode_warps, stages=cfg.num_stages,
+                                    splits=cfg.num_splits, us=us, tbs=kv_bytes / us / 1e6, error=error))
             del layers
             torch.cuda.empty_cache()
-    out_dir = Path(os.environ.get("OUT", "."))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "attention_int8_sweep.json").write_text(json.dumps(results, indent=1))
-    for ctx in sorted({r["ctx"] for r in results}):
-        rows = [r for r in results if r["ctx"] == ctx]
-        base = [r for r in rows if r["default"]]
-        print(f"\nctx {ctx}: " + "; ".join(f"{r['kv']} default {r['us']:.1f} µs ({r['tbs']:.2f} TB/s)" for r in base))
-        for kv in sorted(grid_kv):
-            for r in sorted((r for r in rows if r["kv"] == kv), key=lambda r: r["us"])[:8]:
-                print(f"  {kv} bn{r['block_n']} w{r['warps']} st{r['stages']} sp{r['splits']}: {r['us']:.1f} µs "
-                      f"({r['tbs']:.2f} TB/s), max diff {r['error']:.1e}")
+    return results
 
 
 if __name__ == "__main__":
