@@ -19,7 +19,6 @@ import argparse
 import importlib.util
 import json
 import os
-import statistics
 import sys
 import tempfile
 import zipfile
@@ -31,6 +30,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from lmd.turbomind.kernels.gpu_timing import graph_ms  # noqa: E402
 from lmd.turbomind.kernels.w4a16 import TUNE_LOG, plan_for, plan_key, run_plan  # noqa: E402
 from lmd.turbomind.kernels.w4a16_layout import dequantize, engine_to_awq, quantize_to_engine  # noqa: E402
 
@@ -47,29 +47,8 @@ def copies_for(bytes_one: int) -> int:
 
 
 def graph_time_us(fns: list, reps: int = REPS) -> float:
-    """Median per-call time of running every fn in order, captured as one CUDA graph."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for fn in fns:  # warm-up: compile, tune, allocate outside the capture
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in fns:
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0 / len(fns))
-    return statistics.median(times)
+    """Median per-call time (µs) of running every fn in order, captured as one CUDA graph."""
+    return graph_ms(fns, reps) * 1000.0
 
 
 def tinygemm_pack(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,6 +1,6 @@
 """Which kernel a dense fp16/bf16 linear runs for a few token rows (decode batches): a skinny GEMM in one of a few
-configs, or cuBLAS — whichever is faster on this GPU for this (rows bucket, N, K, dtype), timed once on the layer's
-own weight with cold L2 and kept on disk beside the W4A16 plans (`w4a16_plan_cache`, the same key scheme).
+configs, or cuBLAS — whichever is faster on this GPU for this (rows bucket, N, K, dtype), timed once (`tune`) and
+kept on disk beside the W4A16 plans (`w4a16_plan_cache`, the same key scheme).
 
 Buckets: 1 row runs the CUDA-core GEMV (`dense_gemv`); 2-8, 9-16, 17-32 and 33-64 rows the tensor-core kernel
 (`dense_mma`), each planned at its largest row count (cuBLAS picks other kernels for fewer rows, so one bucket's
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from lmd.turbomind.kernels import w4a16_plan_cache as plan_cache
 from lmd.turbomind.kernels.dense_gemv import DenseGemvConfig, dense_gemv
 from lmd.turbomind.kernels.dense_mma import DenseMmaConfig, dense_mma
-from lmd.turbomind.kernels.gpu_timing import cold_call_ms
+from lmd.turbomind.kernels.gpu_timing import graph_call_ms
 
 log = logging.getLogger("lmd.kernels")
 
@@ -93,7 +93,8 @@ def _plan(weight: torch.Tensor, rows: int) -> Config | None:
     gpu = torch.cuda.get_device_name(weight.device)
     dtype = str(weight.dtype).removeprefix("torch.")
     names = ["cublas"] + [c.name() for c in CANDIDATES[rows]]
-    disk_key = plan_cache.cache_key(gpu, rows, n, k, 0, f"{dtype} dense", plan_cache.candidates_fingerprint(names))
+    fingerprint = plan_cache.candidates_fingerprint(names)
+    disk_key = plan_cache.cache_key(gpu, rows, n, k, 0, f"{dtype} dense graph-timed", fingerprint)
     plan = plan_cache.plan_from_json(plan_cache.load().get(disk_key, {}), _KINDS) if plan_cache.enabled() else None
     if plan is None:
         if torch.cuda.is_current_stream_capturing():
@@ -107,23 +108,42 @@ def _plan(weight: torch.Tensor, rows: int) -> Config | None:
 
 def tune(weight: torch.Tensor, rows: int) -> Config | CublasPlan:
     """Time cuBLAS and every candidate of the bucket on `weight` with `rows` random rows; the fastest (candidates
-    must be right)."""
+    must be right). Timed as a decode step runs them (`graph_call_ms`): each call behind an RMSNorm kernel, as a
+    projection follows its norm, so the candidates' early start under programmatic dependent launch counts (cuBLAS
+    launches without it), on weight copies worth more than L2."""
+    from lmd.turbomind.kernels.rms_norm import add_rms_norm_triton
     from lmd.turbomind.kernels.w4a16 import output_is_wrong
 
     x = torch.randn(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
     ref = F.linear(x.float(), weight.float())
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device=weight.device)
-    cublas_ms = cold_call_ms(lambda: F.linear(x, weight), flush)
+    norm_weight = torch.ones(weight.shape[1], dtype=weight.dtype, device=weight.device)
+    weights = cold_copies(weight)
+
+    def timed(run) -> float:
+        return graph_call_ms(lambda w: run(x, w), weights, lambda: add_rms_norm_triton(x, None, norm_weight, 1e-6))
+
+    cublas_ms = timed(F.linear)
     best: tuple[float, Config] | None = None
     for config in CANDIDATES[rows]:
         with contextlib.suppress(Exception):  # a config the compiler rejects is not a candidate
             if output_is_wrong(run_planned(x, weight, None, config), ref):
                 log.warning("dense %s gives wrong output for %s; not a candidate", config.name(), tuple(weight.shape))
                 continue
-            ms = cold_call_ms(lambda c=config: run_planned(x, weight, None, c), flush)
+            ms = timed(lambda xs, w, c=config: run_planned(xs, w, None, c))
             if best is None or ms < best[0]:
                 best = (ms, config)
-    del flush
     if best is None or best[0] >= MARGIN * cublas_ms:
         return CublasPlan()
     return best[1]
+
+
+def cold_copies(weight: torch.Tensor) -> list[torch.Tensor]:
+    """`weight` and as many copies as make more than twice the L2 (fewer where memory is short)."""
+    l2 = torch.cuda.get_device_properties(weight.device).L2_cache_size
+    weights = [weight]
+    while len(weights) * weight.numel() * weight.element_size() <= 2 * l2:
+        try:
+            weights.append(weight.clone())
+        except torch.OutOfMemoryError:
+            break
+    return weights

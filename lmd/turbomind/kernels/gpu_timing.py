@@ -1,8 +1,11 @@
-"""Timing one kernel call as it runs inside a forward pass: cold weights, no launch overhead."""
+"""Timing one kernel call as it runs inside a forward pass: cold weights, no launch overhead (`cold_call_ms`: one
+call at a time; `graph_call_ms`: calls in a CUDA graph, each behind the kernel that precedes it in a layer, so a
+kernel launched with programmatic dependent launch gets the early start it gets in a decode step)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import statistics
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -23,3 +26,37 @@ def cold_call_ms(fn: Callable[[], object], flush: torch.Tensor, reps: int = 15) 
         times.append((start, end))
     torch.cuda.synchronize()
     return sorted(s.elapsed_time(e) for s, e in times)[reps // 2]
+
+
+def graph_ms(fns: Sequence[Callable[[], object]], reps: int = 7) -> float:
+    """Median GPU time per fn of running every fn in order, captured as one CUDA graph (warmed up outside it)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for fn in fns:  # compile, tune and allocate outside the capture
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in fns:
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / len(fns))
+    del graph
+    return statistics.median(times)
+
+
+def graph_call_ms(fn: Callable[[torch.Tensor], object], weights: Sequence[torch.Tensor],
+                  prelude: Callable[[], object], calls: int = 24) -> float:
+    """GPU time per `prelude(); fn(w)` in a CUDA graph of `calls` of them, w rotating over `weights` (copies worth
+    more than L2: each call finds its weight cold). The prelude's time is included: compare candidates with it."""
+    return graph_ms([lambda w=weights[i % len(weights)]: (prelude(), fn(w)) for i in range(calls)])
