@@ -3,13 +3,14 @@ of kernel configs: which block_n / warps / stages make int8 KV decode faster tha
 make fp16 KV decode faster at short contexts (`--grid-kv fp16`). A CUDA machine.
 
     python3 benchmarks/attention_int8_sweep.py [--batch 64] [--contexts 128,1024] [--layers 4] [--grid-kv int8,fp16]
-                                               [--small-grid] [--batches 1,16,64]
+                                               [--small-grid] [--batches 1,16,64] [--block-order sequential]
 
 Random K/V codes and (scale, zero) per token (timing does not depend on their values), `--layers` separate pools
 visited in turn so L2 never holds the next call's KV; each candidate is a CUDA graph of every layer's decode call x 5,
 median of 5 replays, per layer call. Each int8 config's output is checked against the default config's.
 `--small-grid`: block_n 32/64 x 1/2/4 warps x 1/2 stages, the context split chosen as the engine does (the decode
-configs to choose between by batch size); `--batches` runs the sweep at each batch size in turn.
+configs to choose between by batch size); `--batches` runs the sweep at each batch size in turn. `--block-order`:
+each sequence's blocks scattered over the pool at random (default), or consecutive as a fresh engine hands them out.
 The KV dtypes not in `--grid-kv` run the default config only. Writes $OUT/attention_int8_sweep.json and prints the
 best configs per context and KV dtype last.
 """
@@ -44,7 +45,7 @@ SMALL_GRID = [AttentionConfig(block_n=bn, decode_warps=w, num_stages=s)
 REPS = 5
 
 
-def pools(batch: int, ctx: int, layers: int, int8: bool, dev: torch.device):
+def pools(batch: int, ctx: int, layers: int, int8: bool, dev: torch.device, order: str = "random"):
     blocks = batch * -(-ctx // BLOCK)
     g = torch.Generator(device=dev).manual_seed(ctx)
     out = []
@@ -58,7 +59,8 @@ def pools(batch: int, ctx: int, layers: int, int8: bool, dev: torch.device):
             k = torch.randn((blocks, BLOCK, HKV, D), device=dev, generator=g).half()
             v = torch.randn((blocks, BLOCK, HKV, D), device=dev, generator=g).half()
             out.append((k, v, None, None))
-    perm = torch.randperm(blocks, device=dev, generator=g).view(batch, -1).to(torch.int32)
+    ids = torch.randperm(blocks, device=dev, generator=g) if order == "random" else torch.arange(blocks, device=dev)
+    perm = ids.view(batch, -1).to(torch.int32)
     meta = attention_meta(list(range(batch)), [1] * batch, [ctx] * batch, list(perm), dev)
     q = torch.randn((batch, HKV, D), device=dev, generator=g).half()
     return out, meta, q
@@ -76,6 +78,8 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--grid-kv", default="int8", help="KV dtypes (fp16, int8) timed over the whole config grid")
     p.add_argument("--small-grid", action="store_true", help="the 12 decode configs of SMALL_GRID, not the full grid")
+    p.add_argument("--block-order", default="random", choices=("random", "sequential"),
+                   help="blocks of a sequence: scattered at random, or consecutive")
     p.add_argument("--batches", default="", help="comma list of batch sizes, each swept in turn (overrides --batch)")
     args = p.parse_args()
     results = []
@@ -104,7 +108,7 @@ def sweep(batch: int, args: argparse.Namespace) -> list[dict]:
     results = []
     for ctx in (int(c) for c in args.contexts.split(",")):
         for int8 in (False, True):
-            layers, meta, q = pools(batch, ctx, args.layers, int8, dev)
+            layers, meta, q = pools(batch, ctx, args.layers, int8, dev, args.block_order)
 
             def run(cfg: AttentionConfig, layers=layers, meta=meta, q=q) -> list[torch.Tensor]:
                 return [paged_attention_triton(q, k, v, meta, scale, k_param=kp, v_param=vp, config=cfg)

@@ -43,9 +43,14 @@ class AttentionConfig:
     decode_warps: int = 4
     num_stages: int = 2
     num_splits: int = 0  # decode split-K over the context; 0: enough to fill the GPU, each split >= 4 steps
+    # (block_n, warps, stages) of an unsplit decode launch with at least WIDE_PROGRAMS_PER_SM programs per SM; None:
+    # the fields above. Batch 64 x 32 KV heads on an H200: 32 keys a step on 1 warp, 2 stages is 2-4 % faster at
+    # contexts 128-256 and level at 1024; at batch 16 (4 programs per SM) it is slower (docs/benchmarks.md)
+    wide_decode: tuple[int, int, int] | None = None
 
 
-DEFAULT_CONFIG = AttentionConfig()
+WIDE_PROGRAMS_PER_SM = 8
+DEFAULT_CONFIG = AttentionConfig(wide_decode=(32, 1, 2))
 
 
 def default_config(head_dim: int, dtype: torch.dtype) -> AttentionConfig:
@@ -229,7 +234,13 @@ def paged_attention_triton(
     pdl = pdl_options(q.device)
 
     def launch(
-        tiles: torch.Tensor, part: torch.Tensor, part_ml: torch.Tensor, g_rows: int, block_m: int, splits: int, warps: int
+        tiles: torch.Tensor,
+        part: torch.Tensor,
+        part_ml: torch.Tensor,
+        g_rows: int,
+        block_m: int,
+        splits: int,
+        blocks: tuple[int, int, int],  # block_n, warps, stages
     ) -> None:
         _attention_kernel[(tiles.shape[0], kv_heads, splits)](
             q,
@@ -250,30 +261,34 @@ def paged_attention_triton(
             GROUP=group,
             G_ROWS=g_rows,
             BLOCK_M=block_m,
-            BLOCK_N=cfg.block_n,
+            BLOCK_N=blocks[0],
             HEAD_DIM=d,
             BLOCK_SIZE=k.shape[1],
             KV_MODE=kv_mode,
             SPLITS=splits,
             DOT_PRECISION=dot_precision,
-            num_warps=warps,
-            num_stages=cfg.num_stages,
+            num_warps=blocks[1],
+            num_stages=blocks[2],
             **pdl,
         )
 
     if meta.prefill:
         block_m = max(cfg.block_m, g_pad, 16)
-        launch(meta.prefill_tiles(block_m // g_pad), out, out, g_pad, block_m, 1, cfg.prefill_warps)
+        launch(meta.prefill_tiles(block_m // g_pad), out, out, g_pad, block_m, 1,
+               (cfg.block_n, cfg.prefill_warps, cfg.num_stages))
     num_decode = meta.decode_tiles.shape[0]
     if num_decode:
         splits = decode_splits(num_decode * kv_heads, meta.max_decode_ctx, cfg, q.device)
         rows = max(16, g_pad)
+        blocks = (cfg.block_n, cfg.decode_warps, cfg.num_stages)
         if splits == 1:
-            launch(meta.decode_tiles, out, out, rows, rows, 1, cfg.decode_warps)
+            if cfg.wide_decode and num_decode * kv_heads >= WIDE_PROGRAMS_PER_SM * _sm_count(q.device):
+                blocks = cfg.wide_decode
+            launch(meta.decode_tiles, out, out, rows, rows, 1, blocks)
             return out
         part = torch.empty((num_decode, num_heads, splits, d), dtype=torch.float32, device=q.device)
         part_ml = torch.empty((num_decode, num_heads, splits, 2), dtype=torch.float32, device=q.device)
-        launch(meta.decode_tiles, part, part_ml, rows, rows, splits, cfg.decode_warps)
+        launch(meta.decode_tiles, part, part_ml, rows, rows, splits, blocks)
         _combine_kernel[(num_decode, num_heads)](
             part,
             part_ml,

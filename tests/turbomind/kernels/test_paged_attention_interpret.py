@@ -35,12 +35,14 @@ class Case:
     splits: int = 0  # decode split-K (0: the wrapper's choice)
     block_m: int = 16
     block_n: int = 16
+    wide_decode: tuple[int, int, int] | None = None  # on CPU every decode launch has programs enough for it
 
 
 DECODES = ((1, 0), (1, 16), (1, 49), (1, 99))
 MIXED = ((1, 40), (13, 0), (1, 7), (21, 30), (2, 63))
 CASES = (
     Case("decode-mha", DECODES, q_heads=2),
+    Case("decode-fp16-wide-bn32", DECODES, "fp16", q_heads=4, block_size=32, splits=1, wide_decode=(32, 1, 2)),
     Case("decode-gqa4-split3", DECODES, q_heads=8, splits=3),
     Case("decode-fp16-d128-bs32-split4", ((1, 32), (1, 69), (1, 128)), "fp16", head_dim=128, block_size=32, splits=4),
     Case("prefill-gqa3", ((37, 0), (20, 0)), q_heads=6),
@@ -102,7 +104,8 @@ def run_case(case: Case) -> float:
     cache, batch, q = _fill_cache(case, torch.Generator().manual_seed(zlib.crc32(case.name.encode())), dtype)
     scale = case.head_dim**-0.5
     ref = paged_attention_reference(q, cache, 0, batch, scale, fused=False).float()
-    cfg = AttentionConfig(block_m=case.block_m, block_n=case.block_n, num_splits=case.splits)
+    cfg = AttentionConfig(block_m=case.block_m, block_n=case.block_n, num_splits=case.splits,
+                          wide_decode=case.wide_decode)
     out = paged_attention_triton_on_cache(q, cache, 0, batch, scale, cfg)
     assert out.shape == q.shape and out.dtype == q.dtype and torch.isfinite(ref).all()
     return (out.float() - ref).abs().max().item()
