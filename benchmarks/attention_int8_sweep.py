@@ -96,7 +96,8 @@ def main() -> None:
                                                       for r in base))
         for kv in sorted(grid_kv):
             for r in sorted((r for r in rows if r["kv"] == kv), key=lambda r: r["us"])[:8]:
-                print(f"  {kv} bn{r['block_n']} w{r['warps']} st{r['stages']} sp{r['splits']}: {r['us']:.1f} µs "
+                wide = f" (wide decode {r['wide_decode']})" if r["wide_decode"] else ""
+                print(f"  {kv} bn{r['block_n']} w{r['warps']} st{r['stages']} sp{r['splits']}{wide}: {r['us']:.1f} µs "
                       f"({r['tbs']:.2f} TB/s), max diff {r['error']:.1e}")
 
 
@@ -127,7 +128,8 @@ def sweep(batch: int, args: argparse.Namespace) -> list[dict]:
                 kv_bytes = batch * ctx * HKV * D * 2 * (1 if int8 else 2)
                 results.append(dict(batch=batch, ctx=ctx, kv="int8" if int8 else "fp16", default=cfg == default,
                                     block_n=cfg.block_n, warps=cfg.decode_warps, stages=cfg.num_stages,
-                                    splits=cfg.num_splits, us=us, tbs=kv_bytes / us / 1e6, error=error))
+                                    splits=cfg.num_splits, wide_decode=cfg.wide_decode, us=us,
+                                    tbs=kv_bytes / us / 1e6, error=error))
             del layers
             torch.cuda.empty_cache()
     return results
