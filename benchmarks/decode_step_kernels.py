@@ -8,7 +8,8 @@ prompts of that length, decodes a few warm-up steps, then runs `steps` decode st
 times are summed per kernel name and divided by the number of steps; kernels are also grouped (GEMM, attention,
 fused layer ops, sampling and logits, copies, other). The whole GPU step with graph replay is timed separately
 with CUDA events (same batch, same context) for comparison. `--prefill N`: each profiled step also admits a new
-prompt of N tokens, so it is a mixed step (eager in the engine; no graph replay then). Writes
+prompt of N tokens, so it is a mixed step (eager in the engine; no graph replay then). Last, the skinny-GEMM
+planner's timings of the linears it tuned in this process (cuBLAS against its best candidate per rows bucket). Writes
 $OUT/decode_step_kernels.json, prints tables.
 """
 
@@ -31,6 +32,7 @@ from engine import LLAMA2_7B, SHAPE_KEYS, build_workspace  # noqa: E402
 
 from lmd.turbomind.engine import Engine  # noqa: E402
 from lmd.turbomind.gen_config import GenerationConfig  # noqa: E402
+from lmd.turbomind.kernels import dense_gemv_plan as dense_plan  # noqa: E402
 
 SHAPES = {"llama2-7b": LLAMA2_7B,  # Llama-3-8B: 32 heads / 8 KV heads, vocab 128256
           "llama3-8b": dict(zip(SHAPE_KEYS, (4096, 14336, 32, 32, 8), strict=True), vocab_size=128256)}
@@ -134,6 +136,8 @@ def main() -> None:
         for context in contexts:
             engine = decoding_engine(ws, args, context, cuda_graph=False, device=device)
             kernels = kernel_profile(engine, args.steps, args.prefill)
+            results["dense_plans"] = {f"{rows} rows {n}x{k} {dtype}": timings
+                                      for (rows, n, k, dtype), timings in dense_plan.TUNE_LOG.items()}
             engine.close()
             del engine  # its weights and KV pool go before the next engine sizes its own
             gc.collect()
@@ -162,6 +166,11 @@ def main() -> None:
             print(f"  {group:20} {ms:8.3f}")
         for name, ms in list(r["kernels_ms"].items())[: args.top]:
             print(f"    {ms:8.3f}  {name[:110]}")
+    print("\nskinny-GEMM planner, µs per call as timed at load (cuBLAS, then the best candidate; empty: plans from the "
+          "disk cache)")
+    for shape, timings in results.get("dense_plans", {}).items():
+        best = min((t for t in timings.items() if t[0] != "cublas"), key=lambda t: t[1], default=("-", float("nan")))
+        print(f"  {shape:28} cuBLAS {timings['cublas'] * 1e3:7.2f}   {best[0]:32} {best[1] * 1e3:7.2f}")
 
 
 if __name__ == "__main__":

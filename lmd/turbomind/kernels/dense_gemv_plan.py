@@ -8,8 +8,8 @@ verdict does not carry to the next). Measured on an H200 (docs/benchmarks.md): a
 Llama-7B/8B decode weights at 3.8-4.7 TB/s where cuBLAS reaches 3.3-4.2 (benchmarks/dense_gemv_probe.py); at 16
 rows the tensor-core kernel is 1.02-1.12x cuBLAS on every decode linear, at 64 rows 1.09-1.16x on the down
 projections and level or behind elsewhere, at 256 rows 0.72-0.94x (benchmarks/dense_mma_probe.py), so more rows
-stay with cuBLAS. The candidates are the configs that came first or close on some shape of those probes, and the
-same tiles fed by tensor descriptors (`tma`: Hopper's copy engine; a config a GPU cannot compile is skipped).
+stay with cuBLAS. The candidates are the configs that came first or close on some shape of those probes (the
+descriptor-fed ones, `tma`, from the eighteenth session's; a config a GPU cannot compile is skipped).
 `LMD_DENSE_GEMV=0` keeps cuBLAS everywhere.
 """
 
@@ -33,15 +33,15 @@ log = logging.getLogger("lmd.kernels")
 Config = DenseGemvConfig | DenseMmaConfig
 _FEW_ROWS = tuple(DenseMmaConfig(*c) for c in (
     (64, 128, 4, 4, 1), (64, 128, 4, 4, 2), (64, 64, 4, 5, 4),
-    (64, 128, 4, 4, 1, True), (64, 128, 4, 4, 2, True), (64, 128, 4, 6, 4, True)))
+    (64, 128, 4, 5, 2, True), (64, 128, 4, 3, 4, True), (64, 64, 4, 6, 1, True), (128, 64, 4, 4, 1, True)))
 # (block_n, block_k, warps, stages) of the GEMV; (block_n, block_k, warps, stages, split_k, tma) of the MMA kernel
 CANDIDATES: dict[int, tuple[Config, ...]] = {
     1: tuple(DenseGemvConfig(n, k, 2, s) for n, k, s in (
         (4, 1024, 2), (4, 1024, 3), (4, 1024, 4), (4, 512, 3), (4, 512, 4), (2, 1024, 3), (2, 1024, 4), (8, 512, 4))),
     **{rows: _FEW_ROWS for rows in (8, 16, 32)},
     64: tuple(DenseMmaConfig(*c) for c in (
-        (64, 128, 4, 4, 2), (128, 64, 8, 3, 1),
-        (64, 128, 4, 4, 1, True), (64, 128, 4, 4, 2, True), (128, 128, 8, 4, 1, True), (128, 128, 8, 4, 4, True))),
+        (64, 128, 4, 4, 2), (128, 64, 8, 3, 1), (64, 128, 4, 5, 2, True), (64, 128, 4, 6, 1, True),
+        (128, 64, 4, 3, 1, True))),
 }
 MARGIN = 0.97  # a skinny GEMM must beat cuBLAS by 3 %, more than the timing noise, to be chosen
 
@@ -58,6 +58,8 @@ class CublasPlan:
 
 _KINDS = {"DenseGemvConfig": DenseGemvConfig, "DenseMmaConfig": DenseMmaConfig, "CublasPlan": CublasPlan}
 _PLANS: dict[tuple[int, int, int, torch.dtype, str], Config | None] = {}
+# (rows bucket, N, K, dtype name) -> {"cublas" or a config's name: ms}, for the weights tuned in this process
+TUNE_LOG: dict[tuple[int, int, int, str], dict[str, float]] = {}
 
 
 def enabled() -> bool:
@@ -123,13 +125,15 @@ def tune(weight: torch.Tensor, rows: int) -> Config | CublasPlan:
         return graph_call_ms(lambda w: run(x, w), weights, lambda: add_rms_norm_triton(x, None, norm_weight, 1e-6))
 
     cublas_ms = timed(F.linear)
+    log_entry = TUNE_LOG.setdefault((rows, *weight.shape, str(weight.dtype).removeprefix("torch.")), {})
+    log_entry["cublas"] = cublas_ms
     best: tuple[float, Config] | None = None
     for config in CANDIDATES[rows]:
         with contextlib.suppress(Exception):  # a config the compiler rejects is not a candidate
             if output_is_wrong(run_planned(x, weight, None, config), ref):
                 log.warning("dense %s gives wrong output for %s; not a candidate", config.name(), tuple(weight.shape))
                 continue
-            ms = timed(lambda xs, w, c=config: run_planned(xs, w, None, c))
+            ms = log_entry[config.name()] = timed(lambda xs, w, c=config: run_planned(xs, w, None, c))
             if best is None or ms < best[0]:
                 best = (ms, config)
     if best is None or best[0] >= MARGIN * cublas_ms:
