@@ -101,7 +101,8 @@ def _plan(weight: torch.Tensor, rows: int) -> Config | None:
     if plan is None:
         if torch.cuda.is_current_stream_capturing():
             return None
-        plan = tune(weight, rows)
+        with torch.cuda.device(weight.device):  # the timing's streams, events and graphs live on the weight's GPU
+            plan = tune(weight, rows)
         if plan_cache.enabled():
             plan_cache.store(disk_key, plan)
     _PLANS[key] = None if isinstance(plan, CublasPlan) else plan

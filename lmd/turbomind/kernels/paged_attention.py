@@ -43,8 +43,8 @@ class AttentionConfig:
     decode_warps: int = 4
     num_stages: int = 2
     num_splits: int = 0  # decode split-K over the context; 0: enough to fill the GPU, each split >= 4 steps
-    # (block_n, warps, stages) of an unsplit decode launch with at least WIDE_PROGRAMS_PER_SM programs per SM; None:
-    # the fields above. Batch 64 x 32 KV heads on an H200: 32 keys a step on 1 warp, 2 stages is 2-4 % faster at
+    # (block_n, warps, stages) of an unsplit float-KV decode launch with at least WIDE_PROGRAMS_PER_SM programs per
+    # SM; None: the fields above. Batch 64 x 32 KV heads on an H200: 32 keys a step on 1 warp, 2 stages is 2-4 % faster at
     # contexts 128-256 and level at 1024; at batch 16 (4 programs per SM) it is slower (docs/benchmarks.md)
     wide_decode: tuple[int, int, int] | None = None
 
@@ -282,7 +282,8 @@ def paged_attention_triton(
         rows = max(16, g_pad)
         blocks = (cfg.block_n, cfg.decode_warps, cfg.num_stages)
         if splits == 1:
-            if cfg.wide_decode and num_decode * kv_heads >= WIDE_PROGRAMS_PER_SM * _sm_count(q.device):
+            wide = num_decode * kv_heads >= WIDE_PROGRAMS_PER_SM * _sm_count(q.device)
+            if cfg.wide_decode and wide and kv_mode == 0:  # int8 KV's best configs differ (docs/benchmarks.md)
                 blocks = cfg.wide_decode
             launch(meta.decode_tiles, out, out, rows, rows, 1, blocks)
             return out
