@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lmd.turbomind.kernels.pdl import pdl_options, pdl_prologue
+from lmd.turbomind.kernels.pdl import pdl_options, pdl_prologue_prefetching, weight_lines
 
 MAX_M = 8
 
@@ -28,19 +28,21 @@ class DenseGemvConfig:
     block_k: int = 512
     num_warps: int = 4
     num_stages: int = 3
+    prefetch: int = 0  # key tiles of the weight rows prefetched into L2 before the PDL wait (pdl.py)
 
     def name(self) -> str:
-        return f"gemv n{self.block_n} k{self.block_k} w{self.num_warps} st{self.num_stages}"
+        pf = f" pf{self.prefetch}" if self.prefetch else ""
+        return f"gemv n{self.block_n} k{self.block_k} w{self.num_warps} st{self.num_stages}{pf}"
 
 
 @triton.jit
 def _dense_gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
                        HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       USE_PDL: tl.constexpr):
-    pdl_prologue(USE_PDL)
+                       PREFETCH: tl.constexpr, PF_LINES: tl.constexpr, LINE: tl.constexpr, USE_PDL: tl.constexpr):
     pid = tl.program_id(0)
-    rm = tl.arange(0, BLOCK_M)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    pdl_prologue_prefetching(USE_PDL, weight_lines(w_ptr, rn, N, K, 0, stride_wn, PF_LINES, LINE), PREFETCH)
+    rm = tl.arange(0, BLOCK_M)
     rk = tl.arange(0, BLOCK_K)
     m_mask = rm < M
     n_mask = rn < N
@@ -70,8 +72,10 @@ def dense_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
                                                                                                      weight.shape)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     block_m = triton.next_power_of_2(m)
+    line = 128 // weight.element_size()  # elements of a 128-byte cache line
     _dense_gemv_kernel[(triton.cdiv(n, config.block_n),)](
         x, weight, bias if bias is not None else weight, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0),
         HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        PREFETCH=config.prefetch, PF_LINES=max(1, config.prefetch * config.block_k // line), LINE=line,
         num_warps=config.num_warps, num_stages=config.num_stages, **pdl_options(x.device))
     return y

@@ -9,7 +9,9 @@ Llama-7B/8B decode weights at 3.8-4.7 TB/s where cuBLAS reaches 3.3-4.2 (benchma
 rows the tensor-core kernel is 1.02-1.12x cuBLAS on every decode linear, at 64 rows 1.09-1.16x on the down
 projections and level or behind elsewhere, at 256 rows 0.72-0.94x (benchmarks/dense_mma_probe.py), so more rows
 stay with cuBLAS. The candidates are the configs that came first or close on some shape of those probes (the
-descriptor-fed ones, `tma`, from the eighteenth session's; a config a GPU cannot compile is skipped).
+descriptor-fed ones, `tma`, from the eighteenth session's; a config a GPU cannot compile is skipped), and twins of
+the leading ones that prefetch their first weight tiles into L2 before the PDL wait (`prefetch`, pdl.py): the
+planner's timing, each call behind a PDL kernel, is where that overlap shows.
 `LMD_DENSE_GEMV=0` keeps cuBLAS everywhere.
 """
 
@@ -33,15 +35,18 @@ log = logging.getLogger("lmd.kernels")
 Config = DenseGemvConfig | DenseMmaConfig
 _FEW_ROWS = tuple(DenseMmaConfig(*c) for c in (
     (64, 128, 4, 4, 1), (64, 128, 4, 4, 2), (64, 64, 4, 5, 4),
-    (64, 128, 4, 5, 2, True), (64, 128, 4, 3, 4, True), (64, 64, 4, 6, 1, True), (128, 64, 4, 4, 1, True)))
-# (block_n, block_k, warps, stages) of the GEMV; (block_n, block_k, warps, stages, split_k, tma) of the MMA kernel
+    (64, 128, 4, 5, 2, True), (64, 128, 4, 3, 4, True), (64, 64, 4, 6, 1, True), (128, 64, 4, 4, 1, True),
+    (64, 128, 4, 5, 2, True, 2), (64, 64, 4, 6, 1, True, 4)))
+# (block_n, block_k, warps, stages[, prefetch]) of the GEMV; (block_n, block_k, warps, stages, split_k, tma[,
+# prefetch]) of the MMA kernel
 CANDIDATES: dict[int, tuple[Config, ...]] = {
-    1: tuple(DenseGemvConfig(n, k, 2, s) for n, k, s in (
-        (4, 1024, 2), (4, 1024, 3), (4, 1024, 4), (4, 512, 3), (4, 512, 4), (2, 1024, 3), (2, 1024, 4), (8, 512, 4))),
+    1: tuple(DenseGemvConfig(n, k, 2, *rest) for n, k, *rest in (
+        (4, 1024, 2), (4, 1024, 3), (4, 1024, 4), (4, 512, 3), (4, 512, 4), (2, 1024, 3), (2, 1024, 4), (8, 512, 4),
+        (4, 1024, 3, 1), (4, 512, 4, 2))),
     **{rows: _FEW_ROWS for rows in (8, 16, 32)},
     64: tuple(DenseMmaConfig(*c) for c in (
         (64, 128, 4, 4, 2), (128, 64, 8, 3, 1), (64, 128, 4, 5, 2, True), (64, 128, 4, 6, 1, True),
-        (128, 64, 4, 3, 1, True))),
+        (128, 64, 4, 3, 1, True), (64, 128, 4, 5, 2, True, 2), (64, 128, 4, 6, 1, True, 2))),
 }
 MARGIN = 0.97  # a skinny GEMM must beat cuBLAS by 3 %, more than the timing noise, to be chosen
 

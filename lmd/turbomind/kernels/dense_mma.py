@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from lmd.turbomind.kernels.pdl import pdl_options, pdl_prologue
+from lmd.turbomind.kernels.pdl import pdl_options, pdl_prologue, pdl_prologue_prefetching, weight_lines
 
 MAX_M = 256
 
@@ -39,25 +39,28 @@ class DenseMmaConfig:
     num_stages: int = 4
     split_k: int = 1
     tma: bool = False
+    prefetch: int = 0  # key tiles of the weight slice prefetched into L2 before the PDL wait (pdl.py)
 
     def name(self) -> str:
         tma = " tma" if self.tma else ""
-        return f"mma n{self.block_n} k{self.block_k} w{self.num_warps} st{self.num_stages} s{self.split_k}{tma}"
+        pf = f" pf{self.prefetch}" if self.prefetch else ""
+        return f"mma n{self.block_n} k{self.block_k} w{self.num_warps} st{self.num_stages} s{self.split_k}{tma}{pf}"
 
 
 @triton.jit
 def _dense_mma_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, M, N, K, k_per_split, stride_xm, stride_wn, stride_ym,
                       HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr):
-    pdl_prologue(USE_PDL)
+                      BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr, PF_LINES: tl.constexpr, LINE: tl.constexpr,
+                      USE_PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_start = pid_k * k_per_split
+    pdl_prologue_prefetching(USE_PDL, weight_lines(w_ptr, rn, N, K, k_start, stride_wn, PF_LINES, LINE), PREFETCH)
     rm = tl.arange(0, BLOCK_M)
     rk = tl.arange(0, BLOCK_K)
     n_mask = rn < N
     m_mask = rm < M
-    k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
     w_ptrs = w_ptr + rn.to(tl.int64)[:, None] * stride_wn + (k_start + rk)[None, :]
     x_ptrs = x_ptr + rm[:, None] * stride_xm + (k_start + rk)[None, :]
@@ -79,14 +82,16 @@ def _dense_mma_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, M, N, K, k_per_split
 
 
 @triton.jit
-def _dense_mma_tma_kernel(x_desc, w_desc, b_ptr, y_ptr, part_ptr, M, N, K, k_per_split, stride_ym,
+def _dense_mma_tma_kernel(x_desc, w_desc, w_ptr, b_ptr, y_ptr, part_ptr, M, N, K, k_per_split, stride_wn, stride_ym,
                           HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr):
-    pdl_prologue(USE_PDL)
+                          BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr, PF_LINES: tl.constexpr, LINE: tl.constexpr,
+                          USE_PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n0 = pid_n * BLOCK_N
     k_start = pid_k * k_per_split
+    rows = n0 + tl.arange(0, BLOCK_N)
+    pdl_prologue_prefetching(USE_PDL, weight_lines(w_ptr, rows, N, K, k_start, stride_wn, PF_LINES, LINE), PREFETCH)
     k_end = tl.minimum(k_start + k_per_split, K)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k in range(k_start, k_end, BLOCK_K):
@@ -143,13 +148,16 @@ def dense_mma(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
     part = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else y
     b = bias if bias is not None else weight
     grid = (triton.cdiv(n, config.block_n), split)
+    line = 128 // weight.element_size()  # elements of a 128-byte cache line
     flags = dict(HAS_BIAS=bias is not None, PARTIAL=split > 1, BLOCK_M=block_m_for(m), BLOCK_N=config.block_n,
-                 BLOCK_K=config.block_k, num_warps=config.num_warps, num_stages=config.num_stages,
-                 **pdl_options(x.device))
+                 BLOCK_K=config.block_k, PREFETCH=config.prefetch,
+                 PF_LINES=max(1, config.prefetch * config.block_k // line), LINE=line, num_warps=config.num_warps,
+                 num_stages=config.num_stages, **pdl_options(x.device))
     if config.tma and tma_fits(x) and tma_fits(weight):
         x_desc = TensorDescriptor.from_tensor(x, [block_m_for(m), config.block_k])
         w_desc = TensorDescriptor.from_tensor(weight, [config.block_n, config.block_k])
-        _dense_mma_tma_kernel[grid](x_desc, w_desc, b, y, part, m, n, k, k_per_split, y.stride(0), **flags)
+        _dense_mma_tma_kernel[grid](x_desc, w_desc, weight, b, y, part, m, n, k, k_per_split, weight.stride(0),
+                                    y.stride(0), **flags)
     else:
         _dense_mma_kernel[grid](x, weight, b, y, part, m, n, k, k_per_split, x.stride(0), weight.stride(0),
                                 y.stride(0), **flags)

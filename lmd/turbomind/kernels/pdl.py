@@ -12,6 +12,11 @@ everything before it as usual, and one that precedes a PDL kernel without trigge
 
 `LMD_PDL=0` turns it off (read once per process). Off on CPU, under TRITON_INTERPRET=1 and before sm_90: the kernels
 then compile without the two instructions and launch as before.
+
+A kernel launched early may also start reading what no earlier kernel writes — its weights — before it waits
+(`pdl_prologue_prefetching`): L2 prefetches of the first tiles it will load, issued while the previous kernel is
+still running, so its first loads find the lines in L2 instead of waiting on DRAM. Addresses must be valid (the
+callers clamp them into the tensor); a prefetch is a hint and changes no value.
 """
 
 from __future__ import annotations
@@ -46,5 +51,31 @@ def pdl_prologue(USE_PDL: tl.constexpr):
     """First thing in a kernel launched with `pdl_options`: wait for the previous kernel, then let the next one be
     scheduled."""
     if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def weight_lines(w_ptr, rows, N, K, k_start, stride_wn, PF_LINES: tl.constexpr, LINE: tl.constexpr):
+    """Pointers to the cache lines of weight rows `rows` from column k_start on, PF_LINES lines a row, clamped into
+    the weight [N, K] (the prefetch hint of `pdl_prologue_prefetching` needs valid addresses)."""
+    cols = tl.minimum(k_start + tl.arange(0, PF_LINES) * LINE, K - 1)
+    return w_ptr + tl.minimum(rows, N - 1).to(tl.int64)[:, None] * stride_wn + cols[None, :]
+
+
+@triton.jit
+def prefetch_l2(ptrs):
+    """Hint: bring the cache lines holding `ptrs` (valid addresses, any shape) into L2."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\nmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
+@triton.jit
+def pdl_prologue_prefetching(USE_PDL: tl.constexpr, ptrs, PREFETCH: tl.constexpr):
+    """`pdl_prologue`, first prefetching `ptrs` into L2 when PREFETCH (and PDL) is on: without PDL the previous
+    kernel has finished before this one starts, and there is nothing to overlap."""
+    if USE_PDL:
+        if PREFETCH:
+            prefetch_l2(ptrs)
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()

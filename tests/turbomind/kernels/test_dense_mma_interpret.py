@@ -30,7 +30,9 @@ def _case(m: int, n: int, k: int, split: int, dtype: str, bias: bool, tma: bool)
     x = torch.randn(m, k, generator=g).to(dt)
     w = (torch.randn(n, k, generator=g) * 0.05).to(dt)
     b = torch.randn(n, generator=g).to(dt) if bias else None
-    out = dense_mma(x, w, b, DenseMmaConfig(block_n=32, block_k=64, num_warps=4, num_stages=1, split_k=split, tma=tma))
+    config = DenseMmaConfig(block_n=32, block_k=64, num_warps=4, num_stages=1, split_k=split, tma=tma,
+                            prefetch=2 * bias)  # the PDL-only prefetch is not run here, its pointers are
+    out = dense_mma(x, w, b, config)
     ref = F.linear(x.double(), w.double(), None if b is None else b.double())
     return ((out.double() - ref).abs().max() / ref.abs().max()).item()
 
