@@ -1,0 +1,234 @@
+"""A W4A16 GEMM in Gluon whose int4 decode overlaps the tensor-core MMA (issue 18, deliverable 1), probed beside
+lmd's W4A16 plans and fp16 cuBLAS before it joins the tuner.
+
+    python3 benchmarks/w4a16_gluon_probe.py [--ms 64,128,256] [--shapes 12288x4096,4096x11008]   # a Hopper GPU
+    python3 benchmarks/w4a16_gluon_probe.py --offline [--ms 128]   # compile for sm_90a here, no GPU
+
+Why Gluon: in plain Triton every warpgroup MMA whose A operand is computed in registers is waited for with 0 pending
+before the next tile's decode starts (docs/benchmarks.md, `kernel_ir.py --offline`), so the decode and the MMA of a
+warpgroup never overlap. Here they do. The product is transposed as in lmd's `wt` kernels, y.T = W @ x.T: each
+program owns BLOCK_N output channels (the MMA's M side) of BLOCK_M token rows. x tiles [BLOCK_M, BLOCK_K] arrive by
+TMA in a ring of STAGES shared-memory buffers (mbarrier per buffer). Step i loads its packed words straight into the
+A operand's register layout (a word per 8 k; each element shifts out its nibble), converts, applies the group's
+scale and zero, waits for x tile i, issues the MMA asynchronously and waits with one MMA outstanding: step i's MMA
+runs while step i + 1 decodes. The buffer step i - 1 read is then refilled with tile i + STAGES - 1, and the A tile of
+step i is carried to the next wait so that its registers live until its MMA is done.
+
+GPU mode: every kernel's output against `w4a16_matmul_reference` first (a wrong one exits non-zero), then µs per
+call in a CUDA graph of calls on weights worth more than L2 (cold), beside the tuned lmd plan (`plan_for`) and fp16
+cuBLAS on a weight of the same shape. Writes $OUT/w4a16_gluon_probe.json and prints a table last. Offline mode
+prints what the compiler made of each config (registers, spills, shared memory, the MMA waits' pendings).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+SHAPES = "12288x4096,4096x4096,22016x4096,4096x11008"
+# the TMA load's name: Triton 3.6 (the H200 machine's) has async_copy_global_to_shared, later ones async_load
+tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+GROUP = 128
+
+
+@dataclass(frozen=True)
+class OverlapConfig:
+    block_n: int = 64  # output channels per program: the MMA's M side (64 per warpgroup)
+    block_m: int = 64  # token rows per program: the MMA's N side
+    block_k: int = 64
+    stages: int = 3
+    num_warps: int = 4
+
+    def name(self) -> str:
+        return f"gluon-overlap n{self.block_n} m{self.block_m} k{self.block_k} st{self.stages} w{self.num_warps}"
+
+
+@gluon.jit
+def _overlap_kernel(x_desc, qw_ptr, s_ptr, z_ptr, out_ptr, M, N, K, GROUP: gl.constexpr, BLOCK_N: gl.constexpr,
+                    BLOCK_M: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+    n0 = gl.program_id(0) * BLOCK_N
+    m0 = gl.program_id(1) * BLOCK_M
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                  instr_shape=[16, BLOCK_M, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    rn = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, a_layout))
+    rk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, a_layout))
+    n_ok = gl.expand_dims(rn < N, 1)
+    words = gl.expand_dims(rk // 8, 0) * N + gl.expand_dims(rn, 1)  # element (n, k) reads word k // 8 of column n
+    shifts = gl.expand_dims((rk % 8) * 4, 0)
+
+    x_smem = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], x_desc.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(bars.index(s), count=1)
+    steps = gl.cdiv(K, BLOCK_K)
+    for s in gl.static_range(STAGES - 1):
+        if s < steps:
+            mbarrier.expect(bars.index(s), x_desc.block_type.nbytes)
+            tma_load(x_desc, [m0, s * BLOCK_K], bars.index(s), x_smem.index(s))
+
+    acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
+    w_prev = gl.zeros([BLOCK_N, BLOCK_K], gl.float16, layout=a_layout)
+    for i in range(steps):
+        k0 = i * BLOCK_K
+        q = gl.load(qw_ptr + (k0 // 8) * N + words, mask=n_ok, other=0)
+        g = k0 // GROUP
+        scale = gl.load(s_ptr + g * N + rn, mask=rn < N, other=0.0)
+        zero = gl.load(z_ptr + g * N + rn, mask=rn < N, other=0.0)
+        w = ((q >> shifts) & 0xF).to(gl.float16) * gl.expand_dims(scale, 1) + gl.expand_dims(zero, 1)
+        slot = i % STAGES
+        mbarrier.wait(bars.index(slot), (i // STAGES) & 1)
+        acc = warpgroup_mma(w, x_smem.index(slot).permute((1, 0)), acc, is_async=True)
+        # one MMA left in flight (this step's): the last step's is done, its A registers and x buffer are free
+        acc, w_prev = warpgroup_mma_wait(num_outstanding=1, deps=(acc, w_prev))
+        w_prev = w
+        nxt = i + STAGES - 1
+        if nxt < steps:
+            refill = nxt % STAGES
+            mbarrier.expect(bars.index(refill), x_desc.block_type.nbytes)
+            tma_load(x_desc, [m0, nxt * BLOCK_K], bars.index(refill), x_smem.index(refill))
+    acc, w_prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc, w_prev))
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(s))
+
+    on = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
+    om = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma))
+    offs = gl.expand_dims(om, 0) * N + gl.expand_dims(on, 1)  # out [M, N] row-major, acc is its transpose
+    ok = gl.expand_dims(om < M, 0) & gl.expand_dims(on < N, 1)
+    gl.store(out_ptr + offs, acc.to(gl.float16), mask=ok)
+
+
+def x_descriptor(x: torch.Tensor, cfg: OverlapConfig) -> TensorDescriptor:
+    layout = gl.NVMMASharedLayout.get_default_for([cfg.block_m, cfg.block_k], gl.float16)
+    return TensorDescriptor(x, list(x.shape), list(x.stride()), [cfg.block_m, cfg.block_k], layout)
+
+
+def w4a16_overlap(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                  cfg: OverlapConfig) -> torch.Tensor:
+    """x [M, K] fp16 contiguous, the engine's int4 layout (qweight [K/8, N], scales/zeros [K/GROUP, N]) -> [M, N]."""
+    m, k = x.shape
+    n = qweight.shape[1]
+    group = k // scales.shape[0]
+    assert group % cfg.block_k == 0 and k % cfg.block_k == 0, (group, k, cfg)
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m))
+    _overlap_kernel[grid](x_descriptor(x, cfg), qweight, scales, zeros, out, m, n, k, GROUP=group,
+                          BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, STAGES=cfg.stages,
+                          num_warps=cfg.num_warps)
+    return out
+
+
+def configs(m: int) -> list[OverlapConfig]:
+    block_ms = sorted({min(max(16, triton.next_power_of_2(m)), 128), min(max(16, triton.next_power_of_2(m)), 64)})
+    return [OverlapConfig(64, bm, bk, st) for bm, bk, st in itertools.product(block_ms, (64, 128), (2, 3, 4))]
+
+
+def compile_offline(cfg: OverlapConfig, m: int, n: int, k: int) -> str:
+    """What the compiler makes of `cfg` for sm_90a, no GPU: registers, spills, shared memory, MMA wait pendings."""
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend, GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    x = torch.empty(m, k, dtype=torch.float16)
+    desc_type = native_specialize_impl(BaseBackend, x_descriptor(x, cfg), False, True, True)[0]
+    consts = {"GROUP": GROUP, "BLOCK_N": cfg.block_n, "BLOCK_M": cfg.block_m, "BLOCK_K": cfg.block_k,
+              "STAGES": cfg.stages, "num_warps": cfg.num_warps}
+    sig = {"x_desc": desc_type, "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*fp16", "out_ptr": "*fp16",
+           "M": "i32", "N": "i32", "K": "i32", **dict.fromkeys(consts, "constexpr")}
+    compiled = triton.compile(GluonASTSource(_overlap_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": cfg.num_warps})
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = Path(tmp, "kernel.ptx")
+        ptx.write_text(compiled.asm["ptx"])
+        report = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", str(ptx), "-o", str(Path(tmp, "k.cubin"))],
+                                capture_output=True, text=True, check=True).stderr
+    regs = re.search(r"Used (\d+) registers", report)
+    spills = re.search(r"(\d+) bytes spill stores", report)
+    waits = re.findall(r"wgmma.wait_group.sync.aligned\s+(\d+)", compiled.asm["ptx"])
+    notes = sorted({line.split("info    : ")[-1] for line in report.splitlines() if "wgmma" in line.lower()})
+    return (f"regs {regs.group(1) if regs else '?'} spills {spills.group(1) if spills else '?'} "
+            f"smem {compiled.metadata.shared} B | wgmma.wait_group {waits}" + (f" | ptxas: {notes}" if notes else ""))
+
+
+def gpu_probe(args: argparse.Namespace) -> None:
+    from benchmarks.kernels import graph_time_us
+    from lmd.turbomind.kernels.w4a16 import plan_for, run_plan
+    from lmd.turbomind.kernels.w4a16_layout import quantize_to_engine, w4a16_matmul_reference
+
+    dev = torch.device("cuda")
+    results = []
+    for shape in args.shapes.split(","):
+        n, k = (int(v) for v in shape.split("x"))
+        qw, s, z = quantize_to_engine(torch.randn(n, k, device=dev) * 0.02, GROUP, torch.float16)
+        copies = max(2, -(-(200 << 20) // (qw.numel() * 4)))
+        qws = [qw.clone() for _ in range(copies)]
+        dense = [torch.randn(n, k, device=dev, dtype=torch.float16) * 0.02 for _ in range(max(2, copies // 4))]
+        for m in (int(v) for v in args.ms.split(",")):
+            x = torch.randn(m, k, device=dev, dtype=torch.float16)
+            ref = w4a16_matmul_reference(x, qw, s, z).float()
+            cublas = graph_time_us([lambda w=w, x=x: torch.nn.functional.linear(x, w) for w in dense * 6][:24])
+            plan = plan_for(m, qw, s, z, torch.float16)
+            lmd_us = graph_time_us([lambda q=q, x=x, p=plan, s=s, z=z: run_plan(p, x, q, s, z) for q in qws * 12][:24])
+            row = {"shape": shape, "m": m, "cublas_us": cublas, "lmd_plan": plan.name(), "lmd_us": lmd_us,
+                   "gluon": {}}
+            for cfg in configs(m):
+                try:
+                    out = w4a16_overlap(x, qw, s, z, cfg)
+                except Exception as exc:  # noqa: BLE001 (a config the compiler refuses)
+                    print(f"{shape} m{m} {cfg.name()}: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
+                    continue
+                error = ((out.float() - ref).abs().max() / ref.abs().max()).item()
+                if error > 1e-2:
+                    sys.exit(f"{shape} m{m} {cfg.name()}: relative error {error:.3g} against the reference")
+                row["gluon"][cfg.name()] = graph_time_us([lambda q=q, c=cfg, x=x, s=s, z=z: w4a16_overlap(x, q, s, z, c)
+                                                          for q in qws * 12][:24])
+            results.append(row)
+            best = min(row["gluon"].items(), key=lambda t: t[1], default=("-", float("nan")))
+            print(f"{shape} m{m}: cuBLAS fp16 {cublas:.1f} µs, lmd {plan.name()} {lmd_us:.1f}, gluon best "
+                  f"{best[0]} {best[1]:.1f}", flush=True)
+    Path(os.environ.get("OUT", "."), "w4a16_gluon_probe.json").write_text(json.dumps(results, indent=1))
+    print(f"\n{'shape':<12} {'M':>4} {'cuBLAS':>8} {'lmd plan':>9} {'gluon':>8} {'gluon/cuBLAS':>12}  config")
+    for r in results:
+        best = min(r["gluon"].items(), key=lambda t: t[1], default=("-", float("nan")))
+        print(f"{r['shape']:<12} {r['m']:>4} {r['cublas_us']:>8.1f} {r['lmd_us']:>9.1f} {best[1]:>8.1f} "
+              f"{r['cublas_us'] / best[1]:>11.2f}x  {best[0]}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ms", default="64,128,256", help="comma list of token counts")
+    p.add_argument("--shapes", default=SHAPES, help="comma list of NxK")
+    p.add_argument("--offline", action="store_true", help="compile for sm_90a here and report, no GPU")
+    args = p.parse_args()
+    if not args.offline:
+        gpu_probe(args)
+        return
+    print(f"Triton {triton.__version__}, sm_90a offline")
+    for m in (int(v) for v in args.ms.split(",")):
+        for cfg in configs(m):
+            try:
+                print(f"m{m} {cfg.name():40s} {compile_offline(cfg, m, 12288, 4096)}", flush=True)
+            except Exception as exc:  # noqa: BLE001 (report every config)
+                print(f"m{m} {cfg.name():40s} failed: {str(exc).strip().splitlines()[-1][:300]}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
