@@ -55,7 +55,6 @@ def compile_plan(plan, x, qw, s, z, out):
 def compile_offline(plan, m: int, n: int, k: int, group: int = 128):
     """`compile_plan`'s kernel compiled for sm_90a on this machine (no GPU); (compiled, regs, spills)."""
     from triton.backends.compiler import GPUTarget
-    from triton.backends.nvidia.compiler import get_ptxas
     from triton.compiler import ASTSource
 
     sig = {"x_ptr": "*fp16", "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*fp16", "bias_ptr": "*fp16",
@@ -72,14 +71,23 @@ def compile_offline(plan, m: int, n: int, k: int, group: int = 128):
     src = ASTSource(fn=fn, signature={**sig, **dict.fromkeys(consts, "constexpr")}, constexprs=consts)
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": plan.num_warps, "num_stages": plan.num_stages})
+    regs, spills, _ = ptxas_report(compiled.asm["ptx"])
+    return compiled, regs, spills
+
+
+def ptxas_report(ptx_text: str) -> tuple[int, int, str]:
+    """Registers per thread and spill bytes of PTX assembled for sm_90a by Triton's own ptxas (-1: not reported),
+    and ptxas's full report."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
     with tempfile.TemporaryDirectory() as tmp:
         ptx = Path(tmp, "kernel.ptx")
-        ptx.write_text(compiled.asm["ptx"])
+        ptx.write_text(ptx_text)
         report = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", str(ptx), "-o", str(Path(tmp, "k.cubin"))],
                                 capture_output=True, text=True, check=True).stderr
     regs = re.search(r"Used (\d+) registers", report)
     spills = re.search(r"(\d+) bytes spill stores", report)
-    return compiled, int(regs.group(1)) if regs else -1, int(spills.group(1)) if spills else -1
+    return int(regs.group(1)) if regs else -1, int(spills.group(1)) if spills else -1, report
 
 
 def describe(compiled, regs: int | None = None, spills: int | None = None) -> str:

@@ -27,9 +27,7 @@ import itertools
 import json
 import os
 import re
-import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -144,8 +142,9 @@ def compile_offline(cfg: OverlapConfig, m: int, n: int, k: int) -> str:
     """What the compiler makes of `cfg` for sm_90a, no GPU: registers, spills, shared memory, MMA wait pendings."""
     from triton._C.libtriton import native_specialize_impl
     from triton.backends.compiler import BaseBackend, GPUTarget
-    from triton.backends.nvidia.compiler import get_ptxas
     from triton.experimental.gluon._runtime import GluonASTSource
+
+    from benchmarks.kernel_ir import ptxas_report
 
     x = torch.empty(m, k, dtype=torch.float16)
     desc_type = native_specialize_impl(BaseBackend, x_descriptor(x, cfg), False, True, True)[0]
@@ -155,17 +154,11 @@ def compile_offline(cfg: OverlapConfig, m: int, n: int, k: int) -> str:
            "M": "i32", "N": "i32", "K": "i32", **dict.fromkeys(consts, "constexpr")}
     compiled = triton.compile(GluonASTSource(_overlap_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": cfg.num_warps})
-    with tempfile.TemporaryDirectory() as tmp:
-        ptx = Path(tmp, "kernel.ptx")
-        ptx.write_text(compiled.asm["ptx"])
-        report = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", str(ptx), "-o", str(Path(tmp, "k.cubin"))],
-                                capture_output=True, text=True, check=True).stderr
-    regs = re.search(r"Used (\d+) registers", report)
-    spills = re.search(r"(\d+) bytes spill stores", report)
+    regs, spills, report = ptxas_report(compiled.asm["ptx"])
     waits = re.findall(r"wgmma.wait_group.sync.aligned\s+(\d+)", compiled.asm["ptx"])
     notes = sorted({line.split("info    : ")[-1] for line in report.splitlines() if "wgmma" in line.lower()})
-    return (f"regs {regs.group(1) if regs else '?'} spills {spills.group(1) if spills else '?'} "
-            f"smem {compiled.metadata.shared} B | wgmma.wait_group {waits}" + (f" | ptxas: {notes}" if notes else ""))
+    return (f"regs {regs} spills {spills} smem {compiled.metadata.shared} B | wgmma.wait_group {waits}"
+            + (f" | ptxas: {notes}" if notes else ""))
 
 
 def gpu_probe(args: argparse.Namespace) -> None:
