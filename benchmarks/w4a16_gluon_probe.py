@@ -59,8 +59,22 @@ class OverlapConfig:
 
 
 @gluon.jit
+def _weight_step(qw_ptr, s_ptr, z_ptr, step, words, rn, n_ok, N, GROUP: gl.constexpr, BLOCK_K: gl.constexpr,
+                 EVEN_N: gl.constexpr):
+    """Step `step`'s packed words (in the A operand's layout) and its group's scales and zeros."""
+    k0 = step * BLOCK_K
+    q_tile = qw_ptr + (k0 // 8) * N
+    g = (k0 // GROUP) * N
+    if EVEN_N:  # no masks: N is a whole number of column tiles
+        return gl.load(q_tile + words), gl.load(s_ptr + g + rn), gl.load(z_ptr + g + rn)
+    return (gl.load(q_tile + words, mask=n_ok, other=0), gl.load(s_ptr + g + rn, mask=rn < N, other=0.0),
+            gl.load(z_ptr + g + rn, mask=rn < N, other=0.0))
+
+
+@gluon.jit
 def _overlap_kernel(x_desc, qw_ptr, s_ptr, z_ptr, out_ptr, M, N, K, GROUP: gl.constexpr, BLOCK_N: gl.constexpr,
-                    BLOCK_M: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+                    BLOCK_M: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, EVEN_N: gl.constexpr,
+                    num_warps: gl.constexpr):
     n0 = gl.program_id(0) * BLOCK_N
     m0 = gl.program_id(1) * BLOCK_M
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
@@ -84,13 +98,17 @@ def _overlap_kernel(x_desc, qw_ptr, s_ptr, z_ptr, out_ptr, M, N, K, GROUP: gl.co
 
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
     w_prev = gl.zeros([BLOCK_N, BLOCK_K], gl.float16, layout=a_layout)
+    # the packed words, scales and zeros of step i + 1 are loaded before step i decodes (a register double buffer:
+    # the weights are the stream that matters, and nothing else would hide their latency)
+    q_next, s_next, z_next = _weight_step(qw_ptr, s_ptr, z_ptr, 0, words, rn, n_ok, N, GROUP, BLOCK_K, EVEN_N)
     for i in range(steps):
-        k0 = i * BLOCK_K
-        q = gl.load(qw_ptr + (k0 // 8) * N + words, mask=n_ok, other=0)
-        g = k0 // GROUP
-        scale = gl.load(s_ptr + g * N + rn, mask=rn < N, other=0.0)
-        zero = gl.load(z_ptr + g * N + rn, mask=rn < N, other=0.0)
-        w = ((q >> shifts) & 0xF).to(gl.float16) * gl.expand_dims(scale, 1) + gl.expand_dims(zero, 1)
+        q, scale, zero = q_next, s_next, z_next
+        ahead = gl.minimum(i + 1, steps - 1)  # the last step reloads its own tile: every address stays valid
+        q_next, s_next, z_next = _weight_step(qw_ptr, s_ptr, z_ptr, ahead, words, rn, n_ok, N, GROUP, BLOCK_K,
+                                              EVEN_N)
+        # code c in the low mantissa bits of fp16 1024: (1024 + c) s + (z - 1024 s) = c s + z, no int->float convert
+        magic = (((q >> shifts) & 0xF) | 0x6400).to(gl.int16).to(gl.float16, bitcast=True)
+        w = magic * gl.expand_dims(scale, 1) + gl.expand_dims(zero - 1024.0 * scale, 1)
         slot = i % STAGES
         mbarrier.wait(bars.index(slot), (i // STAGES) & 1)
         acc = warpgroup_mma(w, x_smem.index(slot).permute((1, 0)), acc, is_async=True)
@@ -129,7 +147,7 @@ def w4a16_overlap(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
     grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m))
     _overlap_kernel[grid](x_descriptor(x, cfg), qweight, scales, zeros, out, m, n, k, GROUP=group,
                           BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, STAGES=cfg.stages,
-                          num_warps=cfg.num_warps)
+                          EVEN_N=n % cfg.block_n == 0, num_warps=cfg.num_warps)
     return out
 
 
@@ -149,7 +167,7 @@ def compile_offline(cfg: OverlapConfig, m: int, n: int, k: int) -> str:
     x = torch.empty(m, k, dtype=torch.float16)
     desc_type = native_specialize_impl(BaseBackend, x_descriptor(x, cfg), False, True, True)[0]
     consts = {"GROUP": GROUP, "BLOCK_N": cfg.block_n, "BLOCK_M": cfg.block_m, "BLOCK_K": cfg.block_k,
-              "STAGES": cfg.stages, "num_warps": cfg.num_warps}
+              "STAGES": cfg.stages, "EVEN_N": n % cfg.block_n == 0, "num_warps": cfg.num_warps}
     sig = {"x_desc": desc_type, "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*fp16", "out_ptr": "*fp16",
            "M": "i32", "N": "i32", "K": "i32", **dict.fromkeys(consts, "constexpr")}
     compiled = triton.compile(GluonASTSource(_overlap_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
