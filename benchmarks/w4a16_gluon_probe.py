@@ -106,9 +106,10 @@ def _overlap_kernel(x_desc, qw_ptr, s_ptr, z_ptr, out_ptr, M, N, K, GROUP: gl.co
         ahead = gl.minimum(i + 1, steps - 1)  # the last step reloads its own tile: every address stays valid
         q_next, s_next, z_next = _weight_step(qw_ptr, s_ptr, z_ptr, ahead, words, rn, n_ok, N, GROUP, BLOCK_K,
                                               EVEN_N)
-        # code c in the low mantissa bits of fp16 1024: (1024 + c) s + (z - 1024 s) = c s + z, no int->float convert
+        # code c in the low mantissa bits of fp16 1024 (no int->float convert); subtracting 1024 is exact, and must
+        # come before the scale: (1024 + c) s in fp16 would round away c s
         magic = (((q >> shifts) & 0xF) | 0x6400).to(gl.int16).to(gl.float16, bitcast=True)
-        w = magic * gl.expand_dims(scale, 1) + gl.expand_dims(zero - 1024.0 * scale, 1)
+        w = (magic - 1024.0) * gl.expand_dims(scale, 1) + gl.expand_dims(zero, 1)
         slot = i % STAGES
         mbarrier.wait(bars.index(slot), (i // STAGES) & 1)
         acc = warpgroup_mma(w, x_smem.index(slot).permute((1, 0)), acc, is_async=True)
