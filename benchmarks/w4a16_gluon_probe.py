@@ -2,7 +2,7 @@
 lmd's W4A16 plans and fp16 cuBLAS before it joins the tuner.
 
     python3 benchmarks/w4a16_gluon_probe.py [--ms 64,128,256] [--shapes 12288x4096,4096x11008]   # a Hopper GPU
-    python3 benchmarks/w4a16_gluon_probe.py --offline [--ms 128]   # compile for sm_90a here, no GPU
+    python3 benchmarks/w4a16_gluon_probe.py --offline [--ms 128] [--shapes 4096x4096]   # sm_90a here, no GPU
 
 Why Gluon: in plain Triton every warpgroup MMA whose A operand is computed in registers is waited for with 0 pending
 before the next tile's decode starts (docs/benchmarks.md, `kernel_ir.py --offline`), so the decode and the MMA of a
@@ -39,6 +39,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from lmd.turbomind.kernels.dense_mma import _split_sum_kernel  # noqa: E402
 
 SHAPES = "12288x4096,4096x4096,22016x4096,4096x11008"
 # the TMA load's name: Triton 3.6 (the H200 machine's) has async_copy_global_to_shared, later ones async_load
@@ -52,10 +53,12 @@ class OverlapConfig:
     block_m: int = 64  # token rows per program: the MMA's N side
     block_k: int = 64
     stages: int = 3
+    split_k: int = 1  # programs along K, each summing a contiguous run of steps into an fp32 partial
     num_warps: int = 4
 
     def name(self) -> str:
-        return f"gluon-overlap n{self.block_n} m{self.block_m} k{self.block_k} st{self.stages} w{self.num_warps}"
+        return (f"gluon-overlap n{self.block_n} m{self.block_m} k{self.block_k} st{self.stages} s{self.split_k} "
+                f"w{self.num_warps}")
 
 
 @gluon.jit
@@ -72,11 +75,12 @@ def _weight_step(qw_ptr, s_ptr, z_ptr, step, words, rn, n_ok, N, GROUP: gl.const
 
 
 @gluon.jit
-def _overlap_kernel(x_desc, qw_ptr, s_ptr, z_ptr, out_ptr, M, N, K, GROUP: gl.constexpr, BLOCK_N: gl.constexpr,
-                    BLOCK_M: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, EVEN_N: gl.constexpr,
-                    num_warps: gl.constexpr):
+def _overlap_kernel(x_desc, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, M, N, K, GROUP: gl.constexpr,
+                    BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
+                    SPLIT_K: gl.constexpr, EVEN_N: gl.constexpr, num_warps: gl.constexpr):
     n0 = gl.program_id(0) * BLOCK_N
     m0 = gl.program_id(1) * BLOCK_M
+    pid_k = gl.program_id(2)
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, BLOCK_M, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
@@ -90,20 +94,23 @@ def _overlap_kernel(x_desc, qw_ptr, s_ptr, z_ptr, out_ptr, M, N, K, GROUP: gl.co
     bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(bars.index(s), count=1)
-    steps = gl.cdiv(K, BLOCK_K)
+    total = gl.cdiv(K, BLOCK_K)
+    per_split = gl.cdiv(total, SPLIT_K)
+    first = gl.minimum(pid_k * per_split, total - 1)
+    steps = gl.minimum(per_split, total - pid_k * per_split)  # steps first .. first + steps - 1 (none: a zero partial)
     for s in gl.static_range(STAGES - 1):
         if s < steps:
             mbarrier.expect(bars.index(s), x_desc.block_type.nbytes)
-            tma_load(x_desc, [m0, s * BLOCK_K], bars.index(s), x_smem.index(s))
+            tma_load(x_desc, [m0, (first + s) * BLOCK_K], bars.index(s), x_smem.index(s))
 
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
     w_prev = gl.zeros([BLOCK_N, BLOCK_K], gl.float16, layout=a_layout)
     # the packed words, scales and zeros of step i + 1 are loaded before step i decodes (a register double buffer:
     # the weights are the stream that matters, and nothing else would hide their latency)
-    q_next, s_next, z_next = _weight_step(qw_ptr, s_ptr, z_ptr, 0, words, rn, n_ok, N, GROUP, BLOCK_K, EVEN_N)
+    q_next, s_next, z_next = _weight_step(qw_ptr, s_ptr, z_ptr, first, words, rn, n_ok, N, GROUP, BLOCK_K, EVEN_N)
     for i in range(steps):
         q, scale, zero = q_next, s_next, z_next
-        ahead = gl.minimum(i + 1, steps - 1)  # the last step reloads its own tile: every address stays valid
+        ahead = first + gl.minimum(i + 1, steps - 1)  # the last step reloads its own tile: addresses stay valid
         q_next, s_next, z_next = _weight_step(qw_ptr, s_ptr, z_ptr, ahead, words, rn, n_ok, N, GROUP, BLOCK_K,
                                               EVEN_N)
         # code c in the low mantissa bits of fp16 1024 (no int->float convert); subtracting 1024 is exact, and must
@@ -120,7 +127,7 @@ def _overlap_kernel(x_desc, qw_ptr, s_ptr, z_ptr, out_ptr, M, N, K, GROUP: gl.co
         if nxt < steps:
             refill = nxt % STAGES
             mbarrier.expect(bars.index(refill), x_desc.block_type.nbytes)
-            tma_load(x_desc, [m0, nxt * BLOCK_K], bars.index(refill), x_smem.index(refill))
+            tma_load(x_desc, [m0, (first + nxt) * BLOCK_K], bars.index(refill), x_smem.index(refill))
     acc, w_prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc, w_prev))
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(s))
@@ -129,7 +136,10 @@ def _overlap_kernel(x_desc, qw_ptr, s_ptr, z_ptr, out_ptr, M, N, K, GROUP: gl.co
     om = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma))
     offs = gl.expand_dims(om, 0) * N + gl.expand_dims(on, 1)  # out [M, N] row-major, acc is its transpose
     ok = gl.expand_dims(om < M, 0) & gl.expand_dims(on < N, 1)
-    gl.store(out_ptr + offs, acc.to(gl.float16), mask=ok)
+    if SPLIT_K == 1:
+        gl.store(out_ptr + offs, acc.to(gl.float16), mask=ok)
+    else:  # partials [SPLIT_K, M, N] fp32, summed in a fixed order by dense_mma's split-sum kernel
+        gl.store(part_ptr + pid_k * M * N + offs, acc, mask=ok)
 
 
 def x_descriptor(x: torch.Tensor, cfg: OverlapConfig) -> TensorDescriptor:
@@ -145,16 +155,28 @@ def w4a16_overlap(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
     group = k // scales.shape[0]
     assert group % cfg.block_k == 0 and k % cfg.block_k == 0, (group, k, cfg)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m))
-    _overlap_kernel[grid](x_descriptor(x, cfg), qweight, scales, zeros, out, m, n, k, GROUP=group,
+    part = torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x.device) if cfg.split_k > 1 else out
+    grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m), cfg.split_k)
+    _overlap_kernel[grid](x_descriptor(x, cfg), qweight, scales, zeros, out, part, m, n, k, GROUP=group,
                           BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, STAGES=cfg.stages,
-                          EVEN_N=n % cfg.block_n == 0, num_warps=cfg.num_warps)
+                          SPLIT_K=cfg.split_k, EVEN_N=n % cfg.block_n == 0, num_warps=cfg.num_warps)
+    if cfg.split_k > 1:
+        block = 1024
+        _split_sum_kernel[(triton.cdiv(m * n, block),)](part, out, out, m, n, out.stride(0), HAS_BIAS=False,
+                                                         SPLIT_K=cfg.split_k, BLOCK=block, USE_PDL=False,
+                                                         num_warps=4)
     return out
 
 
-def configs(m: int) -> list[OverlapConfig]:
+def configs(m: int, n: int, sms: int = 132) -> list[OverlapConfig]:
+    """Tiles of 64 output channels; split-K only where the grid would leave SMs idle."""
     block_ms = sorted({min(max(16, triton.next_power_of_2(m)), 128), min(max(16, triton.next_power_of_2(m)), 64)})
-    return [OverlapConfig(64, bm, bk, st) for bm, bk, st in itertools.product(block_ms, (64, 128), (2, 3, 4))]
+    out = []
+    for bm, bk, st, split in itertools.product(block_ms, (64, 128), (2, 4), (1, 2, 4)):
+        tiles = triton.cdiv(n, 64) * triton.cdiv(m, bm)
+        if split == 1 or tiles * split <= 2 * sms:
+            out.append(OverlapConfig(64, bm, bk, st, split))
+    return out
 
 
 def compile_offline(cfg: OverlapConfig, m: int, n: int, k: int) -> str:
@@ -168,9 +190,10 @@ def compile_offline(cfg: OverlapConfig, m: int, n: int, k: int) -> str:
     x = torch.empty(m, k, dtype=torch.float16)
     desc_type = native_specialize_impl(BaseBackend, x_descriptor(x, cfg), False, True, True)[0]
     consts = {"GROUP": GROUP, "BLOCK_N": cfg.block_n, "BLOCK_M": cfg.block_m, "BLOCK_K": cfg.block_k,
-              "STAGES": cfg.stages, "EVEN_N": n % cfg.block_n == 0, "num_warps": cfg.num_warps}
+              "STAGES": cfg.stages, "SPLIT_K": cfg.split_k, "EVEN_N": n % cfg.block_n == 0,
+              "num_warps": cfg.num_warps}
     sig = {"x_desc": desc_type, "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*fp16", "out_ptr": "*fp16",
-           "M": "i32", "N": "i32", "K": "i32", **dict.fromkeys(consts, "constexpr")}
+           "part_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", **dict.fromkeys(consts, "constexpr")}
     compiled = triton.compile(GluonASTSource(_overlap_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": cfg.num_warps})
     regs, spills, report = ptxas_report(compiled.asm["ptx"])
@@ -201,7 +224,7 @@ def gpu_probe(args: argparse.Namespace) -> None:
             lmd_us = graph_time_us([lambda q=q, x=x, p=plan, s=s, z=z: run_plan(p, x, q, s, z) for q in qws * 12][:24])
             row = {"shape": shape, "m": m, "cublas_us": cublas, "lmd_plan": plan.name(), "lmd_us": lmd_us,
                    "gluon": {}}
-            for cfg in configs(m):
+            for cfg in configs(m, n):
                 try:
                     out = w4a16_overlap(x, qw, s, z, cfg)
                 except Exception as exc:  # noqa: BLE001 (a config the compiler refuses)
@@ -234,10 +257,11 @@ def main() -> None:
         gpu_probe(args)
         return
     print(f"Triton {triton.__version__}, sm_90a offline")
+    n, k = (int(v) for v in args.shapes.split(",")[0].split("x"))
     for m in (int(v) for v in args.ms.split(",")):
-        for cfg in configs(m):
+        for cfg in configs(m, n):
             try:
-                print(f"m{m} {cfg.name():40s} {compile_offline(cfg, m, 12288, 4096)}", flush=True)
+                print(f"m{m} {cfg.name():44s} {compile_offline(cfg, m, n, k)}", flush=True)
             except Exception as exc:  # noqa: BLE001 (report every config)
                 print(f"m{m} {cfg.name():40s} failed: {str(exc).strip().splitlines()[-1][:300]}", flush=True)
 
