@@ -9,7 +9,8 @@ and the `pendings` of each warpgroup-MMA wait (0: the MMA is waited for before a
 overlaps it within the warpgroup).
 
 `--offline` needs no GPU: the kernels compile here for sm_90a with Triton's own ptxas (registers and spills from
-`ptxas -v`), as the engine launches them (PDL on). Which Triton matters: to see what the H200 machine's Triton 3.6
+`ptxas -v`), as the engine launches them (PDL on; pointers, N and K specialized as divisible by 16, as a launch on
+the Llama shapes specializes them). Which Triton matters: to see what the H200 machine's Triton 3.6
 makes, run it with that version (a venv with `pip install triton==3.6.0 torch`).
 """
 
@@ -68,11 +69,18 @@ def compile_offline(plan, m: int, n: int, k: int, group: int = 128):
                   "USE_PDL": True}
     else:
         fn, consts = _gemm_kernel, {**common, "GROUP_M": 8, "NIBBLE_DOTS": plan.nibble_dots}
-    src = ASTSource(fn=fn, signature={**sig, **dict.fromkeys(consts, "constexpr")}, constexprs=consts)
+    src = ASTSource(fn=fn, signature={**sig, **dict.fromkeys(consts, "constexpr")}, constexprs=consts,
+                    attrs=divisible_by_16(fn, [name for name in sig if name != "M"]))
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": plan.num_warps, "num_stages": plan.num_stages})
     regs, spills, _ = ptxas_report(compiled.asm["ptx"])
     return compiled, regs, spills
+
+
+def divisible_by_16(fn, names: list[str]) -> dict:
+    """The specialization a launch gives `names` (pointers to aligned tensors, ints that are multiples of 16): without
+    it an offline compile assumes nothing and loses the vector loads a real launch gets."""
+    return {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in names}
 
 
 def ptxas_report(ptx_text: str) -> tuple[int, int, str]:

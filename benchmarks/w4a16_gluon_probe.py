@@ -185,7 +185,7 @@ def compile_offline(cfg: OverlapConfig, m: int, n: int, k: int) -> str:
     from triton.backends.compiler import BaseBackend, GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from benchmarks.kernel_ir import ptxas_report
+    from benchmarks.kernel_ir import divisible_by_16, ptxas_report
 
     x = torch.empty(m, k, dtype=torch.float16)
     desc_type = native_specialize_impl(BaseBackend, x_descriptor(x, cfg), False, True, True)[0]
@@ -194,8 +194,9 @@ def compile_offline(cfg: OverlapConfig, m: int, n: int, k: int) -> str:
               "num_warps": cfg.num_warps}
     sig = {"x_desc": desc_type, "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*fp16", "out_ptr": "*fp16",
            "part_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", **dict.fromkeys(consts, "constexpr")}
-    compiled = triton.compile(GluonASTSource(_overlap_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": cfg.num_warps})
+    src = GluonASTSource(_overlap_kernel, sig, consts, divisible_by_16(_overlap_kernel, [
+        "qw_ptr", "s_ptr", "z_ptr", "out_ptr", "part_ptr", "N", "K"]))
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.num_warps})
     regs, spills, report = ptxas_report(compiled.asm["ptx"])
     waits = re.findall(r"wgmma.wait_group.sync.aligned\s+(\d+)", compiled.asm["ptx"])
     notes = sorted({line.split("info    : ")[-1] for line in report.splitlines() if "wgmma" in line.lower()})
