@@ -1,18 +1,20 @@
-"""A W4A16 GEMM in Gluon whose int4 decode overlaps the tensor-core MMA (issue 18, deliverable 1), probed beside
+"""A W4A16 GEMM in Gluon whose int4 decode runs under the tensor-core MMA (issue 18, deliverable 1), probed beside
 lmd's W4A16 plans and fp16 cuBLAS before it joins the tuner.
 
     python3 benchmarks/w4a16_gluon_probe.py [--ms 64,128,256] [--shapes 12288x4096,4096x11008]   # a Hopper GPU
     python3 benchmarks/w4a16_gluon_probe.py --offline [--ms 128] [--shapes 4096x4096]   # sm_90a here, no GPU
 
-Why Gluon: in plain Triton every warpgroup MMA whose A operand is computed in registers is waited for with 0 pending
-before the next tile's decode starts (docs/benchmarks.md, `kernel_ir.py --offline`), so the decode and the MMA of a
-warpgroup never overlap. Here they do. The product is transposed as in lmd's `wt` kernels, y.T = W @ x.T: each
-program owns BLOCK_N output channels (the MMA's M side) of BLOCK_M token rows. x tiles [BLOCK_M, BLOCK_K] arrive by
-TMA in a ring of STAGES shared-memory buffers (mbarrier per buffer). Step i loads its packed words straight into the
-A operand's register layout (a word per 8 k; each element shifts out its nibble), converts, applies the group's
-scale and zero, waits for x tile i, issues the MMA asynchronously and waits with one MMA outstanding: step i's MMA
-runs while step i + 1 decodes. The buffer step i - 1 read is then refilled with tile i + STAGES - 1, and the A tile of
-step i is carried to the next wait so that its registers live until its MMA is done.
+What differs from the `wt` kernels (which Triton already pipelines: 3-7 k16 MMAs in flight across steps,
+docs/benchmarks.md): the weights never touch shared memory and need no layout conversion, and the whole step's MMA
+stays in flight under the next step's decode. The product is transposed as in `wt`, y.T = W @ x.T: each program owns
+BLOCK_N output channels (the MMA's M side) of BLOCK_M token rows. x tiles [BLOCK_M, BLOCK_K] arrive by TMA in a ring
+of STAGES shared-memory buffers (an mbarrier each). The packed words of step i + 1 (a word per 8 k, loaded straight
+into the A operand's register layout) and its group's scales and zeros are loaded while step i decodes; the code
+goes into the mantissa of fp16 1024 (no int-to-float conversion), 1024 is subtracted exactly and one packed FMA
+applies scale and zero; the MMA is issued async and waited with one outstanding, so step i's MMA runs under step
+i + 1's decode; the buffer step i - 1 read is then refilled with tile i + STAGES - 1, and step i's A tile is carried
+to the next wait so its registers live until its MMA is done. Split-K (fp32 partials, summed by dense_mma's
+split-sum kernel) where the grid would leave SMs idle.
 
 GPU mode: every kernel's output against `w4a16_matmul_reference` first (a wrong one exits non-zero), then µs per
 call in a CUDA graph of calls on weights worth more than L2 (cold), beside the tuned lmd plan (`plan_for`) and fp16
