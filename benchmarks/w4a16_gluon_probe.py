@@ -1,7 +1,7 @@
 """A W4A16 GEMM in Gluon whose int4 decode runs under the tensor-core MMA (issue 18, deliverable 1), probed beside
 lmd's W4A16 plans and fp16 cuBLAS before it joins the tuner.
 
-    python3 benchmarks/w4a16_gluon_probe.py [--ms 64,128,256] [--shapes 12288x4096,4096x11008]   # a Hopper GPU
+    python3 benchmarks/w4a16_gluon_probe.py [--ms 64,128,256] [--shapes 12288x4096,4096x11008] [--limit-s 240]
     python3 benchmarks/w4a16_gluon_probe.py --offline [--ms 128] [--shapes 4096x4096]   # sm_90a here, no GPU
 
 What differs from the `wt` kernels (which Triton already pipelines: 3-7 k16 MMAs in flight across steps,
@@ -30,6 +30,7 @@ import json
 import os
 import re
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -213,7 +214,11 @@ def gpu_probe(args: argparse.Namespace) -> None:
 
     dev = torch.device("cuda")
     results = []
+    t0 = time.time()
     for shape in args.shapes.split(","):
+        if time.time() - t0 > args.limit_s:
+            print(f"time limit: {shape} and later skipped", flush=True)
+            continue
         n, k = (int(v) for v in shape.split("x"))
         qw, s, z = quantize_to_engine(torch.randn(n, k, device=dev) * 0.02, GROUP, torch.float16)
         copies = max(2, -(-(200 << 20) // (qw.numel() * 4)))
@@ -255,6 +260,7 @@ def main() -> None:
     p.add_argument("--ms", default="64,128,256", help="comma list of token counts")
     p.add_argument("--shapes", default=SHAPES, help="comma list of NxK")
     p.add_argument("--offline", action="store_true", help="compile for sm_90a here and report, no GPU")
+    p.add_argument("--limit-s", type=float, default=240.0, help="GPU mode: start no new shape after this long")
     args = p.parse_args()
     if not args.offline:
         gpu_probe(args)
