@@ -58,10 +58,12 @@ class OverlapConfig:
     stages: int = 3
     split_k: int = 1  # programs along K, each summing a contiguous run of steps into an fp32 partial
     num_warps: int = 4
+    permuted: bool = False  # K reordered within 64-blocks (x copied so) that a thread's 16 k come from 2 words
 
     def name(self) -> str:
+        perm = " perm" if self.permuted else ""
         return (f"gluon-overlap n{self.block_n} m{self.block_m} k{self.block_k} st{self.stages} s{self.split_k} "
-                f"w{self.num_warps}")
+                f"w{self.num_warps}{perm}")
 
 
 @gluon.jit
@@ -78,9 +80,21 @@ def _weight_step(qw_ptr, s_ptr, z_ptr, step, words, rn, n_ok, N, GROUP: gl.const
 
 
 @gluon.jit
+def _permuted_k(kp):
+    """`k_permutation` in the kernel: kp = 16 c + 8 h + 2 t + j (the A fragment's slots of quad lane t: chunk c,
+    half h, pair element j) -> k = 16 t + 8 (c // 2) + 4 (c % 2) + 2 h + j, within each 64-block."""
+    base = kp - kp % 64
+    r = kp % 64
+    c = r // 16
+    h = (r // 8) % 2
+    t = (r // 2) % 4
+    return base + 16 * t + 8 * (c // 2) + 4 * (c % 2) + 2 * h + r % 2
+
+
+@gluon.jit
 def _overlap_kernel(x_desc, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, M, N, K, GROUP: gl.constexpr,
                     BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
-                    SPLIT_K: gl.constexpr, EVEN_N: gl.constexpr, num_warps: gl.constexpr):
+                    SPLIT_K: gl.constexpr, EVEN_N: gl.constexpr, PERMUTED: gl.constexpr, num_warps: gl.constexpr):
     n0 = gl.program_id(0) * BLOCK_N
     m0 = gl.program_id(1) * BLOCK_M
     pid_k = gl.program_id(2)
@@ -90,6 +104,8 @@ def _overlap_kernel(x_desc, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, M, N, K, GR
     rn = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, a_layout))
     rk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, a_layout))
     n_ok = gl.expand_dims(rn < N, 1)
+    if PERMUTED:  # the MMA's k slot kp holds k = perm(kp) (`k_permutation`): a thread's slots share two words
+        rk = _permuted_k(rk)
     words = gl.expand_dims(rk // 8, 0) * N + gl.expand_dims(rn, 1)  # element (n, k) reads word k // 8 of column n
     shifts = gl.expand_dims((rk % 8) * 4, 0)
 
@@ -145,6 +161,15 @@ def _overlap_kernel(x_desc, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, M, N, K, GR
         gl.store(part_ptr + pid_k * M * N + offs, acc, mask=ok)
 
 
+def k_permutation(k: int) -> torch.Tensor:
+    """perm[kp] = the k whose weight the MMA's k slot kp holds under `permuted` (`_permuted_k`): x is read as
+    x[:, perm], so sum_kp W[n, perm[kp]] x[m, perm[kp]] is the same product."""
+    kp = torch.arange(k)
+    r = kp % 64
+    c, h, t, j = r // 16, (r // 8) % 2, (r // 2) % 4, r % 2
+    return kp - r + 16 * t + 8 * (c // 2) + 4 * (c % 2) + 2 * h + j
+
+
 def x_descriptor(x: torch.Tensor, cfg: OverlapConfig) -> TensorDescriptor:
     layout = gl.NVMMASharedLayout.get_default_for([cfg.block_m, cfg.block_k], gl.float16)
     return TensorDescriptor(x, list(x.shape), list(x.stride()), [cfg.block_m, cfg.block_k], layout)
@@ -156,13 +181,16 @@ def w4a16_overlap(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
     m, k = x.shape
     n = qweight.shape[1]
     group = k // scales.shape[0]
-    assert group % cfg.block_k == 0 and k % cfg.block_k == 0, (group, k, cfg)
+    assert group % cfg.block_k == 0 and k % cfg.block_k == 0 and k % 64 == 0, (group, k, cfg)
+    if cfg.permuted:  # a copy of x in the kernel's k order (the engine's producers could write it so)
+        x = x[:, k_permutation(k).to(x.device)].contiguous()
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     part = torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x.device) if cfg.split_k > 1 else out
     grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m), cfg.split_k)
     _overlap_kernel[grid](x_descriptor(x, cfg), qweight, scales, zeros, out, part, m, n, k, GROUP=group,
                           BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, STAGES=cfg.stages,
-                          SPLIT_K=cfg.split_k, EVEN_N=n % cfg.block_n == 0, num_warps=cfg.num_warps)
+                          SPLIT_K=cfg.split_k, EVEN_N=n % cfg.block_n == 0, PERMUTED=cfg.permuted,
+                          num_warps=cfg.num_warps)
     if cfg.split_k > 1:
         block = 1024
         _split_sum_kernel[(triton.cdiv(m * n, block),)](part, out, out, m, n, out.stride(0), HAS_BIAS=False,
@@ -175,10 +203,10 @@ def configs(m: int, n: int, sms: int = 132) -> list[OverlapConfig]:
     """Tiles of 64 output channels; split-K only where the grid would leave SMs idle."""
     block_ms = sorted({min(max(16, triton.next_power_of_2(m)), 128), min(max(16, triton.next_power_of_2(m)), 64)})
     out = []
-    for bm, bk, st, split in itertools.product(block_ms, (64, 128), (2, 4), (1, 2, 4)):
+    for bm, bk, st, split, perm in itertools.product(block_ms, (64, 128), (2, 4), (1, 2, 4), (False, True)):
         tiles = triton.cdiv(n, 64) * triton.cdiv(m, bm)
         if split == 1 or tiles * split <= 2 * sms:
-            out.append(OverlapConfig(64, bm, bk, st, split))
+            out.append(OverlapConfig(64, bm, bk, st, split, 4, perm))
     return out
 
 
@@ -194,7 +222,7 @@ def compile_offline(cfg: OverlapConfig, m: int, n: int, k: int) -> str:
     desc_type = native_specialize_impl(BaseBackend, x_descriptor(x, cfg), False, True, True)[0]
     consts = {"GROUP": GROUP, "BLOCK_N": cfg.block_n, "BLOCK_M": cfg.block_m, "BLOCK_K": cfg.block_k,
               "STAGES": cfg.stages, "SPLIT_K": cfg.split_k, "EVEN_N": n % cfg.block_n == 0,
-              "num_warps": cfg.num_warps}
+              "PERMUTED": cfg.permuted, "num_warps": cfg.num_warps}
     sig = {"x_desc": desc_type, "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*fp16", "out_ptr": "*fp16",
            "part_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", **dict.fromkeys(consts, "constexpr")}
     src = GluonASTSource(_overlap_kernel, sig, consts, divisible_by_16(_overlap_kernel, [
