@@ -13,8 +13,9 @@ into the A operand's register layout) and its group's scales and zeros are loade
 goes into the mantissa of fp16 1024 (no int-to-float conversion), 1024 is subtracted exactly and one packed FMA
 applies scale and zero; the MMA is issued async and waited with one outstanding, so step i's MMA runs under step
 i + 1's decode; the buffer step i - 1 read is then refilled with tile i + STAGES - 1, and step i's A tile is carried
-to the next wait so its registers live until its MMA is done. Split-K (fp32 partials, summed by dense_mma's
-split-sum kernel) where the grid would leave SMs idle.
+to the next wait so its registers live until its MMA is done. The output tile is regrouped for 16-byte stores.
+Split-K (fp32 partials, summed by dense_mma's split-sum kernel) where the grid would leave SMs idle; `perm`
+reorders K within 64-blocks (x copied in that order) so that a thread's 16 k of a row come from 2 packed words.
 
 GPU mode: every kernel's output against `w4a16_matmul_reference` first (a wrong one exits non-zero), then µs per
 call in a CUDA graph of calls on weights worth more than L2 (cold), beside the tuned lmd plan (`plan_for`) and fp16
@@ -152,14 +153,18 @@ def _overlap_kernel(x_desc, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, M, N, K, GR
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(s))
 
-    on = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
-    om = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma))
-    offs = gl.expand_dims(om, 0) * N + gl.expand_dims(on, 1)  # out [M, N] row-major, acc is its transpose
+    # out [M, N] is row-major and acc its transpose: regroup so that a thread holds 8 consecutive channels of a row
+    # (16-byte stores) instead of the MMA layout's scattered ones
+    store: gl.constexpr = gl.BlockedLayout(size_per_thread=[8, 1], threads_per_warp=[8, 4],
+                                           warps_per_cta=[1, num_warps], order=[0, 1])
+    on = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, store))
+    om = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, store))
+    offs = gl.expand_dims(om, 0) * N + gl.expand_dims(on, 1)
     ok = gl.expand_dims(om < M, 0) & gl.expand_dims(on < N, 1)
     if SPLIT_K == 1:
-        gl.store(out_ptr + offs, acc.to(gl.float16), mask=ok)
+        gl.store(out_ptr + offs, gl.convert_layout(acc.to(gl.float16), store), mask=ok)
     else:  # partials [SPLIT_K, M, N] fp32, summed in a fixed order by dense_mma's split-sum kernel
-        gl.store(part_ptr + pid_k * M * N + offs, acc, mask=ok)
+        gl.store(part_ptr + pid_k * M * N + offs, gl.convert_layout(acc, store), mask=ok)
 
 
 def k_permutation(k: int) -> torch.Tensor:
