@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lmd.turbomind.kernels.pdl import pdl_options, pdl_prologue_prefetching, weight_lines
+from lmd.turbomind.kernels.pdl import pdl_options, pdl_prologue_prefetching, prefetch_flags, weight_lines
 
 MAX_M = 8
 
@@ -72,10 +72,9 @@ def dense_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
                                                                                                      weight.shape)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     block_m = triton.next_power_of_2(m)
-    line = 128 // weight.element_size()  # elements of a 128-byte cache line
     _dense_gemv_kernel[(triton.cdiv(n, config.block_n),)](
         x, weight, bias if bias is not None else weight, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0),
         HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        PREFETCH=config.prefetch, PF_LINES=max(1, config.prefetch * config.block_k // line), LINE=line,
-        num_warps=config.num_warps, num_stages=config.num_stages, **pdl_options(x.device))
+        num_warps=config.num_warps, num_stages=config.num_stages,
+        **prefetch_flags(config.prefetch, config.block_k, weight), **pdl_options(x.device))
     return y

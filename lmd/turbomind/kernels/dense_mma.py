@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from lmd.turbomind.kernels.pdl import pdl_options, pdl_prologue, pdl_prologue_prefetching, weight_lines
+from lmd.turbomind.kernels.pdl import pdl_options, pdl_prologue, pdl_prologue_prefetching, prefetch_flags, weight_lines
 
 MAX_M = 256
 
@@ -72,7 +72,15 @@ def _dense_mma_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, M, N, K, k_per_split
         acc = tl.dot(w, tl.trans(x), acc)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
-    out_mask = n_mask[:, None] & m_mask[None, :]
+    _store_output(acc, rn, rm, pid_k, M, N, b_ptr, y_ptr, part_ptr, stride_ym, HAS_BIAS, PARTIAL)
+
+
+@triton.jit
+def _store_output(acc, rn, rm, pid_k, M, N, b_ptr, y_ptr, part_ptr, stride_ym, HAS_BIAS: tl.constexpr,
+                  PARTIAL: tl.constexpr):
+    """acc [BLOCK_N, BLOCK_M] (y's transpose) into y with the bias, or into this split's fp32 partial [M, N]."""
+    n_mask = rn < N
+    out_mask = n_mask[:, None] & (rm < M)[None, :]
     if not PARTIAL:
         if HAS_BIAS:
             acc += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[:, None]
@@ -89,23 +97,14 @@ def _dense_mma_tma_kernel(x_desc, w_desc, w_ptr, b_ptr, y_ptr, part_ptr, M, N, K
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n0 = pid_n * BLOCK_N
+    rn = n0 + tl.arange(0, BLOCK_N)
     k_start = pid_k * k_per_split
-    rows = n0 + tl.arange(0, BLOCK_N)
-    pdl_prologue_prefetching(USE_PDL, weight_lines(w_ptr, rows, N, K, k_start, stride_wn, PF_LINES, LINE), PREFETCH)
+    pdl_prologue_prefetching(USE_PDL, weight_lines(w_ptr, rn, N, K, k_start, stride_wn, PF_LINES, LINE), PREFETCH)
     k_end = tl.minimum(k_start + k_per_split, K)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k in range(k_start, k_end, BLOCK_K):
         acc = tl.dot(w_desc.load([n0, k]), tl.trans(x_desc.load([0, k])), acc)
-    rn = n0 + tl.arange(0, BLOCK_N)
-    rm = tl.arange(0, BLOCK_M)
-    n_mask = rn < N
-    out_mask = n_mask[:, None] & (rm < M)[None, :]
-    if not PARTIAL:
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[:, None]
-        tl.store(y_ptr + rm[None, :] * stride_ym + rn[:, None], acc.to(y_ptr.dtype.element_ty), mask=out_mask)
-    else:
-        tl.store(part_ptr + (pid_k * M + rm[None, :]) * N + rn[:, None], acc, mask=out_mask)
+    _store_output(acc, rn, tl.arange(0, BLOCK_M), pid_k, M, N, b_ptr, y_ptr, part_ptr, stride_ym, HAS_BIAS, PARTIAL)
 
 
 @triton.jit
@@ -148,11 +147,9 @@ def dense_mma(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
     part = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else y
     b = bias if bias is not None else weight
     grid = (triton.cdiv(n, config.block_n), split)
-    line = 128 // weight.element_size()  # elements of a 128-byte cache line
     flags = dict(HAS_BIAS=bias is not None, PARTIAL=split > 1, BLOCK_M=block_m_for(m), BLOCK_N=config.block_n,
-                 BLOCK_K=config.block_k, PREFETCH=config.prefetch,
-                 PF_LINES=max(1, config.prefetch * config.block_k // line), LINE=line, num_warps=config.num_warps,
-                 num_stages=config.num_stages, **pdl_options(x.device))
+                 BLOCK_K=config.block_k, num_warps=config.num_warps, num_stages=config.num_stages,
+                 **prefetch_flags(config.prefetch, config.block_k, weight), **pdl_options(x.device))
     if config.tma and tma_fits(x) and tma_fits(weight):
         x_desc = TensorDescriptor.from_tensor(x, [block_m_for(m), config.block_k])
         w_desc = TensorDescriptor.from_tensor(weight, [config.block_n, config.block_k])

@@ -45,8 +45,8 @@ class AttentionConfig:
     num_splits: int = 0  # decode split-K over the context; 0: enough to fill the GPU, each split >= 4 steps
     # (block_n, warps, stages) of an unsplit float-KV decode launch with at least WIDE_PROGRAMS_PER_SM programs per
     # SM; None: the fields above. Batch 64 x 32 KV heads on an H200: 32 keys a step on 1 warp, 2 stages is 2-4 %
-    # faster alone at contexts 128-256 (level at 1024) and ~10 % inside a decode step; at batch 16 (4 programs per
-    # SM) it is slower (docs/benchmarks.md, eighteenth session)
+    # faster alone at contexts 128-256 (level at 1024); a batch-64 step's attention went 2.12 -> 1.93 ms with it (two
+    # calls); at batch 16 (4 programs per SM) it is slower (docs/benchmarks.md, eighteenth session)
     wide_decode: tuple[int, int, int] | None = None
 
 

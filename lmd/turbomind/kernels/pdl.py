@@ -55,6 +55,13 @@ def pdl_prologue(USE_PDL: tl.constexpr):
         tl.extra.cuda.gdc_launch_dependents()
 
 
+def prefetch_flags(prefetch: int, block_k: int, weight: torch.Tensor) -> dict[str, int]:
+    """The launch's PREFETCH (key tiles), PF_LINES (cache lines a weight row, at least 1) and LINE (elements of a
+    128-byte line) for `weight_lines`."""
+    line = 128 // weight.element_size()
+    return {"PREFETCH": prefetch, "PF_LINES": max(1, prefetch * block_k // line), "LINE": line}
+
+
 @triton.jit
 def weight_lines(w_ptr, rows, N, K, k_start, stride_wn, PF_LINES: tl.constexpr, LINE: tl.constexpr):
     """Pointers to the cache lines of weight rows `rows` from column k_start on, PF_LINES lines a row, clamped into
