@@ -8,8 +8,7 @@ Each candidate is timed as a CUDA graph of 24 back-to-back calls that rotate ove
 exceed L2 (cold weights, as in a forward pass), median of 7 replays. Every config's output is checked against
 F.linear first. The grid of the pointer kernel (`ptr`): 64/128 weight rows per program, 64/128-wide key tiles,
 4/8 warps, 3-5 stages, split-K 1/2/4; of the one fed by tensor descriptors (`tma`): the same tiles, 3-6 stages
-where they fit in shared memory, split-K 1/2/4/8 where the grid has 96-600 programs (132 SMs); of the persistent
-stream-K kernel (`stream`, dense_mma_stream.py): those tiles, 3-8 stages, 1 or 2 programs per SM. The planner's
+where they fit in shared memory, split-K 1/2/4/8 where the grid has 96-600 programs (132 SMs). The planner's
 present candidates for the rows' bucket (`dense_gemv_plan.CANDIDATES`) are always timed too. Writes
 $OUT/dense_mma_probe.json (every timing) and prints a table last (µs per call, TB/s of weight bytes).
 """
@@ -44,8 +43,6 @@ SMEM_BYTES = 220 << 10  # of the H200's 227 KB per block, some left for the epil
 
 
 def grid(m: int, n: int, variant: str) -> list[DenseMmaConfig]:
-    if variant == "stream":
-        return stream_grid(m)
     tma = variant == "tma"
     configs = []
     for bn, bk, warps, stages, split in itertools.product((64, 128), (64, 128), (4, 8), (3, 4, 5, 6),
@@ -62,18 +59,6 @@ def grid(m: int, n: int, variant: str) -> list[DenseMmaConfig]:
     return configs
 
 
-def stream_grid(m: int) -> list[DenseMmaConfig]:
-    """The persistent stream-K kernel fed by descriptors: 1 or 2 programs per SM where that many fit in shared
-    memory (the ring plus the epilogue's fp32 scratch)."""
-    configs = []
-    rows = max(16, m)
-    for bn, bk, stages, per_sm in itertools.product((64, 128), (64, 128), (3, 4, 5, 6, 8), (1, 2)):
-        smem = (bn + rows) * bk * 2 * stages + bn * rows * 4
-        if bn * rows <= 128 * 128 and smem * per_sm <= SMEM_BYTES:
-            configs.append(DenseMmaConfig(bn, bk, 4, stages, 1, True, 0, per_sm))
-    return configs
-
-
 def planner_candidates(m: int) -> list[DenseMmaConfig]:
     bucket = bucket_of(m)
     return [c for c in CANDIDATES.get(bucket, ()) if isinstance(c, DenseMmaConfig)] if bucket else []
@@ -84,8 +69,7 @@ def main() -> None:
     p.add_argument("--ms", default="16,32,64,128,256")
     p.add_argument("--dtype", default="fp16", choices=("fp16", "bf16"))
     p.add_argument("--shapes", default=",".join(SHAPES))
-    p.add_argument("--variants", default="ptr,tma",
-                   help="kernels to sweep: ptr (pointer loads), tma (descriptors), stream (persistent stream-K)")
+    p.add_argument("--variants", default="ptr,tma", help="kernels to sweep: ptr (pointer loads), tma (descriptors)")
     p.add_argument("--limit-s", type=float, default=300.0, help="stop starting new shapes after this long")
     args = p.parse_args()
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
@@ -114,10 +98,8 @@ def main() -> None:
                     print(f"{name} m{m} {config.name()}: {type(exc).__name__}", flush=True)
                     continue
                 error = ((out.float() - ref).abs().max() / ref.abs().max()).item()
-                again = dense_mma(x, ws[0], None, config)  # the stream-K fixup: the same sum whoever finishes a tile
-                if error > 1e-2 or not torch.equal(out, again):
-                    sys.exit(f"{name} m{m} {config.name()}: relative error {error:.3g} against F.linear, "
-                             f"repeatable {torch.equal(out, again)}")
+                if error > 1e-2:
+                    sys.exit(f"{name} m{m} {config.name()}: relative error {error:.3g} against F.linear")
                 us = graph_time_us([lambda c=config, w=w, x=x: dense_mma(x, w, None, c) for w in calls], reps=7)
                 timed.append((us, config))
                 timings.append(dict(shape=name, m=m, config=config.name(), us=us))

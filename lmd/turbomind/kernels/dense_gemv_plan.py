@@ -11,9 +11,7 @@ projections and level or behind elsewhere, at 256 rows 0.72-0.94x (benchmarks/de
 stay with cuBLAS. The candidates are the configs that came first or close on some shape of those probes (the
 descriptor-fed ones, `tma`, from the eighteenth session's; a config a GPU cannot compile is skipped), and twins of
 the leading ones that prefetch their first weight tiles into L2 before the PDL wait (`prefetch`, pdl.py): the
-planner's timing, each call behind a PDL kernel, is where that overlap shows. And the persistent stream-K kernel
-(`persistent`, dense_mma_stream.py), which gives every SM the same share of key tiles where a grid of whole tiles
-runs in uneven waves (192 tiles of the 7B qkv, 64 of wo and w2, on 132 SMs).
+planner's timing, each call behind a PDL kernel, is where that overlap shows.
 `LMD_DENSE_GEMV=0` keeps cuBLAS everywhere.
 """
 
@@ -38,10 +36,9 @@ Config = DenseGemvConfig | DenseMmaConfig
 _FEW_ROWS = tuple(DenseMmaConfig(*c) for c in (
     (64, 128, 4, 4, 1), (64, 128, 4, 4, 2), (64, 64, 4, 5, 4),
     (64, 128, 4, 5, 2, True), (64, 128, 4, 3, 4, True), (64, 64, 4, 6, 1, True), (128, 64, 4, 4, 1, True),
-    (64, 128, 4, 5, 2, True, 2), (64, 64, 4, 6, 1, True, 4), (64, 128, 4, 6, 1, True, 0, 1),
-    (64, 64, 4, 8, 1, True, 4, 2)))
+    (64, 128, 4, 5, 2, True, 2), (64, 64, 4, 6, 1, True, 4)))
 # (block_n, block_k, warps, stages[, prefetch]) of the GEMV; (block_n, block_k, warps, stages, split_k, tma[,
-# prefetch[, persistent]]) of the MMA kernel
+# prefetch]) of the MMA kernel
 CANDIDATES: dict[int, tuple[Config, ...]] = {
     1: tuple(DenseGemvConfig(n, k, 2, *rest) for n, k, *rest in (
         (4, 1024, 2), (4, 1024, 3), (4, 1024, 4), (4, 512, 3), (4, 512, 4), (2, 1024, 3), (2, 1024, 4), (8, 512, 4),
@@ -49,8 +46,7 @@ CANDIDATES: dict[int, tuple[Config, ...]] = {
     **{rows: _FEW_ROWS for rows in (8, 16, 32)},
     64: tuple(DenseMmaConfig(*c) for c in (
         (64, 128, 4, 4, 2), (128, 64, 8, 3, 1), (64, 128, 4, 5, 2, True), (64, 128, 4, 6, 1, True),
-        (128, 64, 4, 3, 1, True), (64, 128, 4, 5, 2, True, 2), (64, 128, 4, 6, 1, True, 2),
-        (64, 128, 4, 6, 1, True, 0, 1), (64, 128, 4, 6, 1, True, 2, 1), (64, 64, 4, 5, 1, True, 0, 2))),
+        (128, 64, 4, 3, 1, True), (64, 128, 4, 5, 2, True, 2), (64, 128, 4, 6, 1, True, 2))),
 }
 MARGIN = 0.97  # a skinny GEMM must beat cuBLAS by 3 %, more than the timing noise, to be chosen
 

@@ -26,7 +26,6 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from lmd.turbomind.kernels.dense_mma_stream import launch_stream
 from lmd.turbomind.kernels.pdl import pdl_options, pdl_prologue, pdl_prologue_prefetching, prefetch_flags, weight_lines
 
 MAX_M = 256
@@ -41,18 +40,11 @@ class DenseMmaConfig:
     split_k: int = 1
     tma: bool = False
     prefetch: int = 0  # key tiles of the weight slice prefetched into L2 before the PDL wait (pdl.py)
-    persistent: int = 0  # programs per SM of the stream-K kernel (dense_mma_stream.py); 0: a grid of tiles
-
-    def __post_init__(self) -> None:
-        if self.persistent and self.split_k != 1:
-            raise ValueError("the stream-K kernel balances the key tiles itself: split_k must be 1 with persistent")
 
     def name(self) -> str:
         tma = " tma" if self.tma else ""
         pf = f" pf{self.prefetch}" if self.prefetch else ""
-        sk = f" sk{self.persistent}" if self.persistent else ""
-        return (f"mma n{self.block_n} k{self.block_k} w{self.num_warps} st{self.num_stages} s{self.split_k}"
-                f"{tma}{pf}{sk}")
+        return f"mma n{self.block_n} k{self.block_k} w{self.num_warps} st{self.num_stages} s{self.split_k}{tma}{pf}"
 
 
 @triton.jit
@@ -149,25 +141,18 @@ def dense_mma(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
     assert 0 < m <= MAX_M and weight.shape[1] == k and weight.stride(1) == 1 and x.stride(1) == 1, (x.shape,
                                                                                                      weight.shape)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    b = bias if bias is not None else weight
-    flags = dict(num_warps=config.num_warps, num_stages=config.num_stages,
-                 **prefetch_flags(config.prefetch, config.block_k, weight), **pdl_options(x.device))
-    x_desc = w_desc = None
-    if config.tma and tma_fits(x) and tma_fits(weight):
-        x_desc = TensorDescriptor.from_tensor(x, [block_m_for(m), config.block_k])
-        w_desc = TensorDescriptor.from_tensor(weight, [config.block_n, config.block_k])
-    if config.persistent:
-        launch_stream(x, weight, b, y, bias is not None, block_m_for(m), config.block_n, config.block_k,
-                      config.persistent, x_desc, w_desc, flags)
-        return y
     # every split but the last walks a whole number of key tiles
     k_per_split = triton.cdiv(triton.cdiv(k, config.split_k), config.block_k) * config.block_k
     split = triton.cdiv(k, k_per_split)
     part = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else y
+    b = bias if bias is not None else weight
     grid = (triton.cdiv(n, config.block_n), split)
-    flags.update(HAS_BIAS=bias is not None, PARTIAL=split > 1, BLOCK_M=block_m_for(m), BLOCK_N=config.block_n,
-                 BLOCK_K=config.block_k)
-    if x_desc is not None:
+    flags = dict(HAS_BIAS=bias is not None, PARTIAL=split > 1, BLOCK_M=block_m_for(m), BLOCK_N=config.block_n,
+                 BLOCK_K=config.block_k, num_warps=config.num_warps, num_stages=config.num_stages,
+                 **prefetch_flags(config.prefetch, config.block_k, weight), **pdl_options(x.device))
+    if config.tma and tma_fits(x) and tma_fits(weight):
+        x_desc = TensorDescriptor.from_tensor(x, [block_m_for(m), config.block_k])
+        w_desc = TensorDescriptor.from_tensor(weight, [config.block_n, config.block_k])
         _dense_mma_tma_kernel[grid](x_desc, w_desc, weight, b, y, part, m, n, k, k_per_split, weight.stride(0),
                                     y.stride(0), **flags)
     else:

@@ -1,9 +1,7 @@
 """The tensor-core skinny GEMM (`kernels/dense_mma.py`) under Triton's CPU interpreter against F.linear: M of 2 to
 40 (padded to the MMA's 16-row granule and beyond), K not a multiple of the key tile, N not a multiple of the column
 tile, split-K 1 to 3 (the last split shorter), with and without bias, fp32 and fp16; the pointer kernel and the one
-fed by tensor descriptors (`tma`, tiles past the edges zero-filled); the persistent stream-K kernel
-(`dense_mma_stream`) with 4 to 12 programs (4 "SMs" on CPU), so that tiles split between up to 4 programs and are
-joined, called twice so that the second call finds the fixup counters zeroed again."""
+fed by tensor descriptors (`tma`, tiles past the edges zero-filled)."""
 
 from __future__ import annotations
 
@@ -19,10 +17,6 @@ CASES = [(m, n, k, split, dtype, bias, tma) for m, n, k, split, dtype, bias in (
     (40, 96, 130, 2, "fp32", True)) for tma in (False, True)]
 # a descriptor needs 16-byte rows: K = 257 / 300 / 130 fp16 or fp32 rows are not, so those run the pointer kernel
 CASES += [(3, 72, 264, 3, "fp16", True, True), (20, 40, 200, 1, "fp32", False, True)]
-# (m, n, k, programs per SM, dtype, bias, tma) of the stream-K kernel: 15 iterations on 4 programs, 8 on 8 (every
-# tile split four ways), 32 on 12, 28 on 4
-STREAM_CASES = [(5, 96, 300, 1, "fp16", True, False), (16, 64, 256, 2, "fp16", False, True),
-                (3, 100, 512, 3, "fp32", True, True), (40, 70, 200, 1, "fp32", False, False)]
 
 
 def _case(m: int, n: int, k: int, split: int, dtype: str, bias: bool, tma: bool) -> float:
@@ -43,28 +37,6 @@ def _case(m: int, n: int, k: int, split: int, dtype: str, bias: bool, tma: bool)
     return ((out.double() - ref).abs().max() / ref.abs().max()).item()
 
 
-def _stream_case(m: int, n: int, k: int, per_sm: int, dtype: str, bias: bool, tma: bool) -> list[float]:
-    """Both calls' errors, then the fixup counters' sum after them."""
-    import torch
-    import torch.nn.functional as F
-
-    from lmd.turbomind.kernels import dense_mma_stream
-    from lmd.turbomind.kernels.dense_mma import DenseMmaConfig, dense_mma
-
-    dt = {"fp32": torch.float32, "fp16": torch.float16}[dtype]
-    g = torch.Generator().manual_seed(m * n + k)
-    w = (torch.randn(n, k, generator=g) * 0.05).to(dt)
-    b = torch.randn(n, generator=g).to(dt) if bias else None
-    config = DenseMmaConfig(block_n=32, block_k=64, num_warps=4, num_stages=1, tma=tma, persistent=per_sm)
-    errors = []
-    for _ in range(2):
-        x = torch.randn(m, k, generator=g).to(dt)
-        out = dense_mma(x, w, b, config)
-        ref = F.linear(x.double(), w.double(), None if b is None else b.double())
-        errors.append(((out.double() - ref).abs().max() / ref.abs().max()).item())
-    return [*errors, float(dense_mma_stream._counters(x.device).sum())]
-
-
 @pytest.fixture(scope="module")
 def results() -> dict:
     return run_interpreted(__file__)
@@ -78,34 +50,6 @@ def test_matches_linear(results, case):
     assert error < (1e-5 if case[4] == "fp32" else 2e-3)
 
 
-@pytest.mark.parametrize("case", STREAM_CASES, ids=lambda c: "-".join(map(str, c)))
-def test_stream_k_matches_linear(results, case):
-    result = results["stream-" + "-".join(map(str, case))]
-    assert isinstance(result, list), result
-    *errors, counters = result
-    assert max(errors) < (1e-5 if case[4] == "fp32" else 2e-3)
-    assert counters == 0
-
-
-def test_stream_grid_bounds_the_contributors():
-    import torch
-
-    from lmd.turbomind.kernels.dense_mma_stream import stream_grid
-
-    # 4 "SMs" on CPU. 64 tiles x 32 key tiles on 4 programs: runs of 512, a tile meets at most 2 of them; 4 tiles x
-    # 8 key tiles on 12 programs: runs of 2 or 3, a tile's 8 meet at most 5 (1 key tile of one, then 2 + 2 + 2 + 1)
-    assert stream_grid(4096, 4096, 64, 128, 1, torch.device("cpu")) == (4, 2)
-    assert stream_grid(100, 512, 32, 64, 3, torch.device("cpu")) == (12, 5)
-    assert stream_grid(64, 128, 32, 64, 8, torch.device("cpu")) == (4, 2)  # never more programs than iterations
-
-
-def test_stream_k_rejects_split_k():
-    from lmd.turbomind.kernels.dense_mma import DenseMmaConfig
-
-    with pytest.raises(ValueError, match="split_k"):
-        DenseMmaConfig(split_k=2, persistent=1)
-
-
 def test_row_buckets():
     from lmd.turbomind.kernels.dense_gemv_plan import bucket_of
 
@@ -113,6 +57,4 @@ def test_row_buckets():
 
 
 if __name__ == "__main__":
-    jobs = {"-".join(map(str, c)): (lambda c=c: _case(*c)) for c in CASES}
-    jobs.update({"stream-" + "-".join(map(str, c)): (lambda c=c: _stream_case(*c)) for c in STREAM_CASES})
-    sys.stdout.write(json.dumps(run_jobs(jobs)))
+    sys.stdout.write(json.dumps(run_jobs({"-".join(map(str, c)): (lambda c=c: _case(*c)) for c in CASES})))
