@@ -15,9 +15,9 @@ per program cannot cover a DRAM load's latency); the code goes into the mantissa
 conversion), 1024 is subtracted exactly and one packed FMA applies scale and zero; the MMA is issued async and
 waited with one outstanding, so step i's MMA runs under step i + 1's decode; the buffer step i - 1 read is then
 refilled with tile i + STAGES - 1, and step i's A tile is carried to the next wait so its registers live until its
-MMA is done. The output tile is regrouped for 16-byte stores. Split-K (fp32 partials, summed by dense_mma's split-
-sum kernel) where the grid would leave SMs idle; `perm` reorders K within 64-blocks (x copied in that order) so that
-a thread's 16 k of a row come from 2 packed words.
+MMA is done. The output tile is regrouped for 16-byte stores. Split-K (fp32 partials, summed by dense_mma's
+split-sum kernel) where the grid would leave SMs idle; `perm` reorders K within 64-blocks (x copied in that order)
+so that a thread's 16 k of a row come from 2 packed words.
 
 GPU mode: every kernel's output against `w4a16_matmul_reference` first (a wrong one is reported, with where it is
 wrong and whether a rerun repeats it, and not timed; any makes the exit non-zero), then µs per call in a CUDA graph
