@@ -8,6 +8,7 @@ make fp16 KV decode faster at short contexts (`--grid-kv fp16`). A CUDA machine.
 Random K/V codes and (scale, zero) per token (timing does not depend on their values), `--layers` separate pools
 visited in turn so L2 never holds the next call's KV; each candidate is a CUDA graph of every layer's decode call x 5,
 median of 5 replays, per layer call. Each int8 config's output is checked against the default config's.
+`--mha-grid` adds the CUDA-core decode kernel's configs (one query head per KV head) on fp16 KV.
 `--small-grid`: block_n 32/64 x 1/2/4 warps x 1/2 stages, the context split chosen as the engine does (the decode
 configs to choose between by batch size); `--batches` runs the sweep at each batch size in turn. `--block-order`:
 each sequence's blocks scattered over the pool at random (default), or consecutive as a fresh engine hands them out.
@@ -42,6 +43,12 @@ GRID = [AttentionConfig(block_n=bn, decode_warps=w, num_stages=s, num_splits=sp)
     for bn, w, s, sp in ((32, 1, 2, 2), (32, 1, 1, 2), (64, 4, 2, 2), (64, 2, 2, 2), (32, 1, 2, 4), (64, 4, 2, 4))]
 SMALL_GRID = [AttentionConfig(block_n=bn, decode_warps=w, num_stages=s)
               for bn, w, s in itertools.product((32, 64), (1, 2, 4), (1, 2))]
+# the CUDA-core decode kernel for one query head per KV head (`paged_decode_kernel`), fp16 KV (its loads are not
+# pipelined: stages change nothing), splits as the engine picks them and two forced splits for short programs; and
+# the dot kernel's configs as the engine ran them before that kernel
+MHA_GRID = [AttentionConfig(mha_decode=(bn, w, 1)) for bn, w in itertools.product((8, 16, 32, 64), (1, 2, 4))] + [
+    AttentionConfig(mha_decode=(bn, w, 1), num_splits=sp) for bn, w, sp in ((16, 1, 2), (32, 1, 2))] + [
+    AttentionConfig(wide_decode=(32, 1, 2))]
 REPS = 5
 
 
@@ -78,6 +85,8 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--grid-kv", default="int8", help="KV dtypes (fp16, int8) timed over the whole config grid")
     p.add_argument("--small-grid", action="store_true", help="the 12 decode configs of SMALL_GRID, not the full grid")
+    p.add_argument("--mha-grid", action="store_true",
+                   help="also the CUDA-core MHA decode kernel's configs (MHA_GRID) on fp16 KV")
     p.add_argument("--block-order", default="random", choices=("random", "sequential"),
                    help="blocks of a sequence: scattered at random, or consecutive")
     p.add_argument("--batches", default="", help="comma list of batch sizes, each swept in turn (overrides --batch)")
@@ -97,6 +106,7 @@ def main() -> None:
         for kv in sorted(grid_kv):
             for r in sorted((r for r in rows if r["kv"] == kv), key=lambda r: r["us"])[:8]:
                 wide = f" (wide decode {r['wide_decode']})" if r["wide_decode"] else ""
+                wide += " (CUDA-core MHA)" if r.get("mha_decode") else ""
                 print(f"  {kv} bn{r['block_n']} w{r['warps']} st{r['stages']} sp{r['splits']}{wide}: {r['us']:.1f} µs "
                       f"({r['tbs']:.2f} TB/s), max diff {r['error']:.1e}")
 
@@ -117,7 +127,9 @@ def sweep(batch: int, args: argparse.Namespace) -> list[dict]:
 
             default = default_config(D, torch.float16)
             ref = run(default)[0].float()
-            for cfg in [default] + (grid if ("int8" if int8 else "fp16") in grid_kv else []):
+            swept = list(grid) if ("int8" if int8 else "fp16") in grid_kv else []
+            swept += MHA_GRID if args.mha_grid and not int8 else []
+            for cfg in [default] + swept:
                 try:
                     out = run(cfg)[0].float()
                     error = (out - ref).abs().max().item()
@@ -127,8 +139,10 @@ def sweep(batch: int, args: argparse.Namespace) -> list[dict]:
                     continue
                 kv_bytes = batch * ctx * HKV * D * 2 * (1 if int8 else 2)
                 results.append(dict(batch=batch, ctx=ctx, kv="int8" if int8 else "fp16", default=cfg == default,
-                                    block_n=cfg.block_n, warps=cfg.decode_warps, stages=cfg.num_stages,
-                                    splits=cfg.num_splits, wide_decode=cfg.wide_decode, us=us,
+                                    **dict(zip(("block_n", "warps", "stages"), cfg.mha_decode or (
+                                        cfg.block_n, cfg.decode_warps, cfg.num_stages), strict=True)),
+                                    splits=cfg.num_splits, wide_decode=cfg.wide_decode,
+                                    mha_decode=cfg.mha_decode, us=us,
                                     tbs=kv_bytes / us / 1e6, error=error))
             del layers
             torch.cuda.empty_cache()

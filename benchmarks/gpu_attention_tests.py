@@ -177,7 +177,8 @@ def print_sweep_summary(sweeps: list[dict]) -> None:
 DECODE_CONFIGS = [AttentionConfig()] + [
     AttentionConfig(block_n=bn, decode_warps=w, num_stages=st)
     for bn, (w, st) in itertools.product((32, 64, 128), ((4, 2), (4, 3), (2, 2), (8, 2)))
-]
+] + [AttentionConfig(mha_decode=(bn, w, 1)) for bn, w in ((16, 1), (32, 1), (64, 2))] + [
+    AttentionConfig(wide_decode=(32, 1, 2))]
 SPLIT_CONFIGS = [AttentionConfig(num_splits=s) for s in (1, 4, 16, 32, 64)]
 PREFILL_CONFIGS = [AttentionConfig()] + [
     AttentionConfig(block_m=bm, block_n=bn, prefill_warps=w, num_stages=st)
@@ -210,11 +211,11 @@ def print_summary(results: list[dict]) -> None:
 
 def runs(quick: bool) -> list[tuple[Shape, str, torch.dtype, str, int]]:
     out = []
-    models = ("gqa-32/8",) if quick else tuple(MODELS)
+    models = ("gqa-32/8", "llama2-7b") if quick else tuple(MODELS)
     for model in models:
         for shape in SHAPES if not quick else SHAPES[::2]:
             out.append((shape, model, torch.float16, "float", 64))
-            if not quick:
+            if not quick or model == "llama2-7b":  # MHA decodes run their own kernel (paged_decode_kernel)
                 out.append((shape, model, torch.bfloat16, "float", 64))
         for kv in KV_MODES[1:]:
             for shape in (SHAPES[0], SHAPES[3]):
@@ -226,7 +227,8 @@ def runs(quick: bool) -> list[tuple[Shape, str, torch.dtype, str, int]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--quick", action="store_true", help="GQA 32/8 only, fp16, half the shapes, no sweep")
+    parser.add_argument("--quick", action="store_true",
+                        help="GQA 32/8 in fp16, Llama-2-7B's MHA in fp16 and bf16, half the shapes, no sweep")
     parser.add_argument("--no-sweep", action="store_true", help="skip the config sweep")
     parser.add_argument("--sweep-only", action="store_true", help="only the config sweep (a second 10-minute call)")
     parser.add_argument("--sweep-decode64", action="store_true",

@@ -29,6 +29,7 @@ import triton
 
 from lmd.turbomind.kernels.host_copy import to_device
 from lmd.turbomind.kernels.paged_attention_kernels import _attention_kernel, _combine_kernel
+from lmd.turbomind.kernels.paged_decode_kernel import _decode_mha_kernel
 from lmd.turbomind.kernels.pdl import pdl_options
 
 LOG2E = 1.4426950408889634
@@ -48,10 +49,15 @@ class AttentionConfig:
     # faster alone at contexts 128-256 (level at 1024); a batch-64 step's attention went 2.12 -> 1.93 ms with it (two
     # calls); at batch 16 (4 programs per SM) it is slower (docs/benchmarks.md, eighteenth session)
     wide_decode: tuple[int, int, int] | None = None
+    # (block_n, warps, stages) of a float-KV decode launch with one query head per KV head on the CUDA-core kernel
+    # (`paged_decode_kernel`), split or not; None: such launches take the dot kernel like the rest
+    mha_decode: tuple[int, int, int] | None = None
 
 
 WIDE_PROGRAMS_PER_SM = 8
-DEFAULT_CONFIG = AttentionConfig(wide_decode=(32, 1, 2))
+# mha_decode: 32 keys a step on 1 warp is 126 registers for head dim 128 (Triton 3.6, sm_90a): 16 programs an SM, so
+# batch 64 x 32 heads fits one wave, where the dot kernel's wide config (220) took 1.72 (docs/benchmarks.md)
+DEFAULT_CONFIG = AttentionConfig(wide_decode=(32, 1, 2), mha_decode=(32, 1, 1))
 
 
 def default_config(head_dim: int, dtype: torch.dtype) -> AttentionConfig:
@@ -145,11 +151,14 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
 
-def decode_splits(programs: int, max_ctx: int, cfg: AttentionConfig, device: torch.device) -> int:
-    """Split the context until about two programs run per SM, keeping at least 4 key steps per split."""
+def decode_splits(
+    programs: int, max_ctx: int, cfg: AttentionConfig, device: torch.device, block_n: int | None = None
+) -> int:
+    """Split the context until about two programs run per SM, keeping at least 4 key steps (of block_n keys,
+    cfg.block_n by default) per split."""
     if cfg.num_splits:
         return cfg.num_splits
-    steps = triton.cdiv(max_ctx, cfg.block_n)
+    steps = triton.cdiv(max_ctx, block_n or cfg.block_n)
     splits = 1
     while programs * splits < 2 * _sm_count(device) and steps >= 8 * splits and splits < 64:
         splits *= 2
@@ -278,19 +287,44 @@ def paged_attention_triton(
         launch(meta.prefill_tiles(block_m // g_pad), out, out, g_pad, block_m, 1,
                (cfg.block_n, cfg.prefill_warps, cfg.num_stages))
     num_decode = meta.decode_tiles.shape[0]
-    if num_decode:
-        splits = decode_splits(num_decode * kv_heads, meta.max_decode_ctx, cfg, q.device)
-        rows = max(16, g_pad)
-        blocks = (cfg.block_n, cfg.decode_warps, cfg.num_stages)
-        if splits == 1:
-            wide = num_decode * kv_heads >= WIDE_PROGRAMS_PER_SM * _sm_count(q.device)
-            if cfg.wide_decode and wide and kv_mode == 0:  # int8 KV's best configs differ (docs/benchmarks.md)
-                blocks = cfg.wide_decode
-            launch(meta.decode_tiles, out, out, rows, rows, 1, blocks)
-            return out
+    if not num_decode:
+        return out
+    mha = cfg.mha_decode if group == 1 and kv_mode == 0 else None
+    splits = decode_splits(num_decode * kv_heads, meta.max_decode_ctx, cfg, q.device, mha[0] if mha else None)
+    if splits == 1:
+        part = part_ml = out
+    else:
         part = torch.empty((num_decode, num_heads, splits, d), dtype=torch.float32, device=q.device)
         part_ml = torch.empty((num_decode, num_heads, splits, 2), dtype=torch.float32, device=q.device)
+    if mha:
+        _decode_mha_kernel[(num_decode, kv_heads, splits)](
+            q,
+            out,
+            part,
+            part_ml,
+            k,
+            v,
+            meta.tables,
+            meta.seq_info,
+            meta.decode_tiles,
+            scale * LOG2E,
+            *strides[:8],
+            BLOCK_N=mha[0],
+            HEAD_DIM=d,
+            BLOCK_SIZE=k.shape[1],
+            SPLITS=splits,
+            num_warps=mha[1],
+            num_stages=mha[2],
+            **pdl,
+        )
+    else:
+        rows = max(16, g_pad)
+        blocks = (cfg.block_n, cfg.decode_warps, cfg.num_stages)
+        wide = num_decode * kv_heads >= WIDE_PROGRAMS_PER_SM * _sm_count(q.device)
+        if splits == 1 and cfg.wide_decode and wide and kv_mode == 0:  # int8 KV's best configs differ
+            blocks = cfg.wide_decode
         launch(meta.decode_tiles, part, part_ml, rows, rows, splits, blocks)
+    if splits > 1:
         _combine_kernel[(num_decode, num_heads)](
             part,
             part_ml,

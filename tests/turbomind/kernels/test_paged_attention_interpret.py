@@ -36,6 +36,7 @@ class Case:
     block_m: int = 16
     block_n: int = 16
     wide_decode: tuple[int, int, int] | None = None  # on CPU every decode launch has programs enough for it
+    mha_decode: tuple[int, int, int] | None = None  # the CUDA-core decode kernel (one query head per KV head)
 
 
 DECODES = ((1, 0), (1, 16), (1, 49), (1, 99))
@@ -44,6 +45,12 @@ CASES = (
     Case("decode-mha", DECODES, q_heads=2),
     Case("decode-fp16-wide-bn32", DECODES, "fp16", q_heads=4, block_size=32, splits=1, wide_decode=(32, 1, 2)),
     Case("decode-gqa4-split3", DECODES, q_heads=8, splits=3),
+    # the CUDA-core MHA kernel: one block id a step (block_n divides the block), per key (it does not), split
+    Case("decode-mha-cuda-core", DECODES, q_heads=2, splits=1, mha_decode=(16, 1, 2)),
+    Case("decode-mha-cuda-core-fp16-d128-bn32-bs16", DECODES, "fp16", q_heads=2, head_dim=128, splits=1,
+         mha_decode=(32, 2, 1)),
+    Case("decode-mha-cuda-core-split3", DECODES, q_heads=2, splits=3, mha_decode=(8, 1, 2)),
+    Case("mixed-mha-cuda-core-fp16-split2", MIXED, "fp16", q_heads=2, block_size=32, splits=2, mha_decode=(16, 1, 1)),
     Case("decode-fp16-d128-bs32-split4", ((1, 32), (1, 69), (1, 128)), "fp16", head_dim=128, block_size=32, splits=4),
     Case("prefill-gqa3", ((37, 0), (20, 0)), q_heads=6),
     Case("prefill-chunk-fp16-d128-bs64", ((24, 40), (9, 7)), "fp16", head_dim=128, block_size=64, block_m=32),
@@ -105,7 +112,7 @@ def run_case(case: Case) -> float:
     scale = case.head_dim**-0.5
     ref = paged_attention_reference(q, cache, 0, batch, scale, fused=False).float()
     cfg = AttentionConfig(block_m=case.block_m, block_n=case.block_n, num_splits=case.splits,
-                          wide_decode=case.wide_decode)
+                          wide_decode=case.wide_decode, mha_decode=case.mha_decode)
     out = paged_attention_triton_on_cache(q, cache, 0, batch, scale, cfg)
     assert out.shape == q.shape and out.dtype == q.dtype and torch.isfinite(ref).all()
     return (out.float() - ref).abs().max().item()
