@@ -43,11 +43,10 @@ GRID = [AttentionConfig(block_n=bn, decode_warps=w, num_stages=s, num_splits=sp)
     for bn, w, s, sp in ((32, 1, 2, 2), (32, 1, 1, 2), (64, 4, 2, 2), (64, 2, 2, 2), (32, 1, 2, 4), (64, 4, 2, 4))]
 SMALL_GRID = [AttentionConfig(block_n=bn, decode_warps=w, num_stages=s)
               for bn, w, s in itertools.product((32, 64), (1, 2, 4), (1, 2))]
-# the CUDA-core decode kernel for one query head per KV head (`paged_decode_kernel`), fp16 KV (its loads are not
-# pipelined: stages change nothing), splits as the engine picks them and two forced splits for short programs; and
-# the dot kernel's configs as the engine ran them before that kernel
+# the CUDA-core decode kernel for one query head per KV head (`paged_decode_kernel`), fp16 KV, at launches of at least
+# WIDE_PROGRAMS_PER_SM programs an SM (its loads are not pipelined: stages change nothing); and the dot kernel's
+# configs as the engine ran them before that kernel
 MHA_GRID = [AttentionConfig(mha_decode=(bn, w, 1)) for bn, w in itertools.product((8, 16, 32, 64), (1, 2, 4))] + [
-    AttentionConfig(mha_decode=(bn, w, 1), num_splits=sp) for bn, w, sp in ((16, 1, 2), (32, 1, 2))] + [
     AttentionConfig(wide_decode=(32, 1, 2))]
 REPS = 5
 

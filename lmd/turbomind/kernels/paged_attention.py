@@ -49,14 +49,16 @@ class AttentionConfig:
     # faster alone at contexts 128-256 (level at 1024); a batch-64 step's attention went 2.12 -> 1.93 ms with it (two
     # calls); at batch 16 (4 programs per SM) it is slower (docs/benchmarks.md, eighteenth session)
     wide_decode: tuple[int, int, int] | None = None
-    # (block_n, warps, stages) of a float-KV decode launch with one query head per KV head on the CUDA-core kernel
-    # (`paged_decode_kernel`), split or not; None: such launches take the dot kernel like the rest
+    # (block_n, warps, stages) of a float-KV decode launch of at least WIDE_PROGRAMS_PER_SM programs per SM with one
+    # query head per KV head, on the CUDA-core kernel (`paged_decode_kernel`); None: the dot kernel. Its loads are not
+    # pipelined, so it needs many programs: at batch 64 it is 8 % faster than the dot kernel's wide config, at batch
+    # 16 up to 40 % slower (docs/benchmarks.md, twentieth session)
     mha_decode: tuple[int, int, int] | None = None
 
 
 WIDE_PROGRAMS_PER_SM = 8
 # mha_decode: 32 keys a step on 1 warp is 126 registers for head dim 128 (Triton 3.6, sm_90a): 16 programs an SM, so
-# batch 64 x 32 heads fits one wave, where the dot kernel's wide config (220) took 1.72 (docs/benchmarks.md)
+# batch 64 x 32 heads fits one wave, where the dot kernel's wide config (220 registers) took 1.72
 DEFAULT_CONFIG = AttentionConfig(wide_decode=(32, 1, 2), mha_decode=(32, 1, 1))
 
 
@@ -151,14 +153,11 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
 
-def decode_splits(
-    programs: int, max_ctx: int, cfg: AttentionConfig, device: torch.device, block_n: int | None = None
-) -> int:
-    """Split the context until about two programs run per SM, keeping at least 4 key steps (of block_n keys,
-    cfg.block_n by default) per split."""
+def decode_splits(programs: int, max_ctx: int, cfg: AttentionConfig, device: torch.device) -> int:
+    """Split the context until about two programs run per SM, keeping at least 4 key steps per split."""
     if cfg.num_splits:
         return cfg.num_splits
-    steps = triton.cdiv(max_ctx, block_n or cfg.block_n)
+    steps = triton.cdiv(max_ctx, cfg.block_n)
     splits = 1
     while programs * splits < 2 * _sm_count(device) and steps >= 8 * splits and splits < 64:
         splits *= 2
@@ -289,8 +288,10 @@ def paged_attention_triton(
     num_decode = meta.decode_tiles.shape[0]
     if not num_decode:
         return out
-    mha = cfg.mha_decode if group == 1 and kv_mode == 0 else None
-    splits = decode_splits(num_decode * kv_heads, meta.max_decode_ctx, cfg, q.device, mha[0] if mha else None)
+    programs = num_decode * kv_heads
+    splits = decode_splits(programs, meta.max_decode_ctx, cfg, q.device)
+    wide = kv_mode == 0 and programs >= WIDE_PROGRAMS_PER_SM * _sm_count(q.device)
+    mha = cfg.mha_decode if wide and group == 1 else None
     if splits == 1:
         part = part_ml = out
     else:
@@ -320,8 +321,7 @@ def paged_attention_triton(
     else:
         rows = max(16, g_pad)
         blocks = (cfg.block_n, cfg.decode_warps, cfg.num_stages)
-        wide = num_decode * kv_heads >= WIDE_PROGRAMS_PER_SM * _sm_count(q.device)
-        if splits == 1 and cfg.wide_decode and wide and kv_mode == 0:  # int8 KV's best configs differ
+        if splits == 1 and cfg.wide_decode and wide:  # float KV only: int8 KV's best configs differ
             blocks = cfg.wide_decode
         launch(meta.decode_tiles, part, part_ml, rows, rows, splits, blocks)
     if splits > 1:

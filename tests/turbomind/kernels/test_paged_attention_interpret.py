@@ -36,7 +36,7 @@ class Case:
     block_m: int = 16
     block_n: int = 16
     wide_decode: tuple[int, int, int] | None = None  # on CPU every decode launch has programs enough for it
-    mha_decode: tuple[int, int, int] | None = None  # the CUDA-core decode kernel (one query head per KV head)
+    mha_decode: tuple[int, int, int] | None = None  # the CUDA-core decode kernel (one query head per KV head, wide)
 
 
 DECODES = ((1, 0), (1, 16), (1, 49), (1, 99))
@@ -50,7 +50,8 @@ CASES = (
     Case("decode-mha-cuda-core-fp16-d128-bn32-bs16", DECODES, "fp16", q_heads=2, head_dim=128, splits=1,
          mha_decode=(32, 2, 1)),
     Case("decode-mha-cuda-core-split3", DECODES, q_heads=2, splits=3, mha_decode=(8, 1, 2)),
-    Case("mixed-mha-cuda-core-fp16-split2", MIXED, "fp16", q_heads=2, block_size=32, splits=2, mha_decode=(16, 1, 1)),
+    Case("mixed-mha-cuda-core-fp16-split2", MIXED, "fp16", q_heads=4, kv_heads=4, block_size=32, splits=2,
+         mha_decode=(16, 1, 1)),  # 2 decodes x 4 heads: the 8 programs a (CPU: 1) SM that the kernel needs
     Case("decode-fp16-d128-bs32-split4", ((1, 32), (1, 69), (1, 128)), "fp16", head_dim=128, block_size=32, splits=4),
     Case("prefill-gqa3", ((37, 0), (20, 0)), q_heads=6),
     Case("prefill-chunk-fp16-d128-bs64", ((24, 40), (9, 7)), "fp16", head_dim=128, block_size=64, block_m=32),
