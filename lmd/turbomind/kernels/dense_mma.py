@@ -8,6 +8,15 @@ program owns BLOCK_N output features of every token row. Split-K gives the grid 
 programs of a column tile walks one contiguous slice of K and writes an fp32 partial; a second small kernel sums the
 partials in a fixed order (deterministic, unlike atomics) and adds the bias. SPLIT_K = 1 stores the output directly.
 
+The split-K join needs no second kernel: each program writes its partial, then counts itself in on its column tile's
+counter; the last of the tile's SPLIT_K programs sums the partials in split order (the same sum whoever finishes
+last, and the same as `_split_sum_kernel`'s), stores the output and zeroes the counter for the next call. A
+separate launch of `_split_sum_kernel` cost ~1.5 µs a call in the batch-64 step (docs/benchmarks.md); it remains
+for launches with more column tiles than counters. Invariant: one set of counters per device, shared by every
+call: the calls on a device run in one stream (the engine's step, its CUDA graphs, the planner's timings), and a
+call's joins complete before the next call reads the counters (stream order; under PDL a kernel touches them only
+after its griddepcontrol.wait).
+
 With `tma`, both operands come through Hopper's tensor-memory copy engine (host-built descriptors, the tiles out of
 bounds zero-filled, so the loop has no masks or address arithmetic) and Triton pipelines the copies on mbarriers;
 the pointer version stays for GPUs without it and for operands a descriptor cannot take (a base or row stride not
@@ -19,6 +28,7 @@ cuBLAS are in benchmarks/dense_mma_probe.py).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +39,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from lmd.turbomind.kernels.pdl import pdl_options, pdl_prologue, pdl_prologue_prefetching, prefetch_flags, weight_lines
 
 MAX_M = 256
+MAX_JOIN_TILES = 4096  # column tiles a split-K launch joins in-kernel (counters kept per device)
 
 
 @dataclass(frozen=True)
@@ -48,8 +59,9 @@ class DenseMmaConfig:
 
 
 @triton.jit
-def _dense_mma_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, M, N, K, k_per_split, stride_xm, stride_wn, stride_ym,
-                      HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def _dense_mma_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, k_per_split, stride_xm, stride_wn,
+                      stride_ym, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, JOIN: tl.constexpr,
+                      SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr, PF_LINES: tl.constexpr, LINE: tl.constexpr,
                       USE_PDL: tl.constexpr):
     pid_n = tl.program_id(0)
@@ -72,26 +84,44 @@ def _dense_mma_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, M, N, K, k_per_split
         acc = tl.dot(w, tl.trans(x), acc)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
-    _store_output(acc, rn, rm, pid_k, M, N, b_ptr, y_ptr, part_ptr, stride_ym, HAS_BIAS, PARTIAL)
+    _store_output(acc, rn, rm, pid_n, pid_k, M, N, b_ptr, y_ptr, part_ptr, cnt_ptr, stride_ym, HAS_BIAS, PARTIAL,
+                  JOIN, SPLIT_K)
 
 
 @triton.jit
-def _store_output(acc, rn, rm, pid_k, M, N, b_ptr, y_ptr, part_ptr, stride_ym, HAS_BIAS: tl.constexpr,
-                  PARTIAL: tl.constexpr):
-    """acc [BLOCK_N, BLOCK_M] (y's transpose) into y with the bias, or into this split's fp32 partial [M, N]."""
+def _store_output(acc, rn, rm, pid_n, pid_k, M, N, b_ptr, y_ptr, part_ptr, cnt_ptr, stride_ym, HAS_BIAS: tl.constexpr,
+                  PARTIAL: tl.constexpr, JOIN: tl.constexpr, SPLIT_K: tl.constexpr):
+    """acc [BLOCK_N, BLOCK_M] (y's transpose) into y with the bias, or into this split's fp32 partial [M, N] (and,
+    with JOIN, the column tile's last split sums the partials into y: module docstring)."""
     n_mask = rn < N
     out_mask = n_mask[:, None] & (rm < M)[None, :]
+    y_ptrs = y_ptr + rm[None, :] * stride_ym + rn[:, None]
     if not PARTIAL:
         if HAS_BIAS:
             acc += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[:, None]
-        tl.store(y_ptr + rm[None, :] * stride_ym + rn[:, None], acc.to(y_ptr.dtype.element_ty), mask=out_mask)
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=out_mask)
     else:  # partials [SPLIT_K, M, N], fp32
-        tl.store(part_ptr + (pid_k * M + rm[None, :]) * N + rn[:, None], acc, mask=out_mask)
+        part_ptrs = part_ptr + rm[None, :] * N + rn[:, None]
+        tl.store(part_ptrs + pid_k * M * N, acc, mask=out_mask)
+        if JOIN:
+            tl.debug_barrier()  # every thread's share of the partial written before the counter says so
+            seen = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+            if seen == SPLIT_K - 1:
+                tl.debug_barrier()
+                # the order and operations of _split_sum_kernel: the same bits whichever path ran
+                total = tl.load(part_ptrs, mask=out_mask, other=0.0, cache_modifier=".cg")
+                for s in tl.static_range(1, SPLIT_K):
+                    total += tl.load(part_ptrs + s * M * N, mask=out_mask, other=0.0, cache_modifier=".cg")
+                if HAS_BIAS:
+                    total += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+                tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=out_mask)
+                tl.atomic_xchg(cnt_ptr + pid_n, 0, sem="relaxed", scope="gpu")  # zero again for the next call
 
 
 @triton.jit
-def _dense_mma_tma_kernel(x_desc, w_desc, w_ptr, b_ptr, y_ptr, part_ptr, M, N, K, k_per_split, stride_wn, stride_ym,
-                          HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def _dense_mma_tma_kernel(x_desc, w_desc, w_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, k_per_split, stride_wn,
+                          stride_ym, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, JOIN: tl.constexpr,
+                          SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr, PF_LINES: tl.constexpr, LINE: tl.constexpr,
                           USE_PDL: tl.constexpr):
     pid_n = tl.program_id(0)
@@ -104,7 +134,8 @@ def _dense_mma_tma_kernel(x_desc, w_desc, w_ptr, b_ptr, y_ptr, part_ptr, M, N, K
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k in range(k_start, k_end, BLOCK_K):
         acc = tl.dot(w_desc.load([n0, k]), tl.trans(x_desc.load([0, k])), acc)
-    _store_output(acc, rn, tl.arange(0, BLOCK_M), pid_k, M, N, b_ptr, y_ptr, part_ptr, stride_ym, HAS_BIAS, PARTIAL)
+    _store_output(acc, rn, tl.arange(0, BLOCK_M), pid_n, pid_k, M, N, b_ptr, y_ptr, part_ptr, cnt_ptr, stride_ym,
+                  HAS_BIAS, PARTIAL, JOIN, SPLIT_K)
 
 
 @triton.jit
@@ -147,20 +178,29 @@ def dense_mma(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
     part = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else y
     b = bias if bias is not None else weight
     grid = (triton.cdiv(n, config.block_n), split)
-    flags = dict(HAS_BIAS=bias is not None, PARTIAL=split > 1, BLOCK_M=block_m_for(m), BLOCK_N=config.block_n,
-                 BLOCK_K=config.block_k, num_warps=config.num_warps, num_stages=config.num_stages,
-                 **prefetch_flags(config.prefetch, config.block_k, weight), **pdl_options(x.device))
+    join = split > 1 and grid[0] <= MAX_JOIN_TILES
+    counters = _join_counters(x.device) if join else y
+    flags = dict(HAS_BIAS=bias is not None, PARTIAL=split > 1, JOIN=join, SPLIT_K=split, BLOCK_M=block_m_for(m),
+                 BLOCK_N=config.block_n, BLOCK_K=config.block_k, num_warps=config.num_warps,
+                 num_stages=config.num_stages, **prefetch_flags(config.prefetch, config.block_k, weight),
+                 **pdl_options(x.device))
     if config.tma and tma_fits(x) and tma_fits(weight):
         x_desc = TensorDescriptor.from_tensor(x, [block_m_for(m), config.block_k])
         w_desc = TensorDescriptor.from_tensor(weight, [config.block_n, config.block_k])
-        _dense_mma_tma_kernel[grid](x_desc, w_desc, weight, b, y, part, m, n, k, k_per_split, weight.stride(0),
-                                    y.stride(0), **flags)
+        _dense_mma_tma_kernel[grid](x_desc, w_desc, weight, b, y, part, counters, m, n, k, k_per_split,
+                                    weight.stride(0), y.stride(0), **flags)
     else:
-        _dense_mma_kernel[grid](x, weight, b, y, part, m, n, k, k_per_split, x.stride(0), weight.stride(0),
+        _dense_mma_kernel[grid](x, weight, b, y, part, counters, m, n, k, k_per_split, x.stride(0), weight.stride(0),
                                 y.stride(0), **flags)
-    if split > 1:
+    if split > 1 and not join:
         block = 1024
         _split_sum_kernel[(triton.cdiv(m * n, block),)](part, b, y, m, n, y.stride(0), HAS_BIAS=bias is not None,
                                                          SPLIT_K=split, BLOCK=block, num_warps=4,
                                                          **pdl_options(x.device))
     return y
+
+
+@functools.cache
+def _join_counters(device: torch.device) -> torch.Tensor:
+    # kept for the process: a captured CUDA graph holds its address; all zero between calls (module docstring)
+    return torch.zeros(MAX_JOIN_TILES, dtype=torch.int32, device=device)

@@ -1,7 +1,8 @@
 """The tensor-core skinny GEMM (`kernels/dense_mma.py`) under Triton's CPU interpreter against F.linear: M of 2 to
 40 (padded to the MMA's 16-row granule and beyond), K not a multiple of the key tile, N not a multiple of the column
 tile, split-K 1 to 3 (the last split shorter), with and without bias, fp32 and fp16; the pointer kernel and the one
-fed by tensor descriptors (`tma`, tiles past the edges zero-filled)."""
+fed by tensor descriptors (`tma`, tiles past the edges zero-filled). Split-K joins in the kernel (the last split of a
+column tile sums the partials); with more column tiles than counters a second kernel sums them, to the same bits."""
 
 from __future__ import annotations
 
@@ -37,6 +38,32 @@ def _case(m: int, n: int, k: int, split: int, dtype: str, bias: bool, tma: bool)
     return ((out.double() - ref).abs().max() / ref.abs().max()).item()
 
 
+def _join_matches_split_sum(tma: bool) -> bool:
+    """The in-kernel join and the split-sum kernel give the same bits; the counters are zero again after a join."""
+    import torch
+
+    from lmd.turbomind.kernels import dense_mma as dm
+
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(6, 320, generator=g).half()
+    w = (torch.randn(96, 320, generator=g) * 0.05).half()
+    b = torch.randn(96, generator=g).half()
+    config = dm.DenseMmaConfig(block_n=32, block_k=64, num_warps=4, num_stages=1, split_k=3, tma=tma)
+    joined = dm.dense_mma(x, w, b, config)
+    counters_zero = not dm._join_counters(x.device).any().item()
+    limit, dm.MAX_JOIN_TILES = dm.MAX_JOIN_TILES, 0
+    try:
+        summed = dm.dense_mma(x, w, b, config)
+    finally:
+        dm.MAX_JOIN_TILES = limit
+    return counters_zero and torch.equal(joined, summed)
+
+
+@pytest.mark.parametrize("tma", (False, True))
+def test_join_matches_split_sum(results, tma):
+    assert results[f"join-{tma}"] is True
+
+
 @pytest.fixture(scope="module")
 def results() -> dict:
     return run_interpreted(__file__)
@@ -57,4 +84,6 @@ def test_row_buckets():
 
 
 if __name__ == "__main__":
-    sys.stdout.write(json.dumps(run_jobs({"-".join(map(str, c)): (lambda c=c: _case(*c)) for c in CASES})))
+    jobs = {"-".join(map(str, c)): (lambda c=c: _case(*c)) for c in CASES}
+    jobs |= {f"join-{tma}": (lambda tma=tma: _join_matches_split_sum(tma)) for tma in (False, True)}
+    sys.stdout.write(json.dumps(run_jobs(jobs)))

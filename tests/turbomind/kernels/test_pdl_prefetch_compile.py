@@ -17,7 +17,8 @@ pytestmark = [pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1" or "n
                                  reason="compiles for sm_90 with Triton's NVIDIA backend"),
               pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")]
 
-MMA_PARAMS = {"HAS_BIAS": False, "PARTIAL": True, "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "USE_PDL": True}
+MMA_PARAMS = {"HAS_BIAS": False, "PARTIAL": True, "JOIN": True, "SPLIT_K": 2, "BLOCK_M": 16, "BLOCK_N": 64,
+              "BLOCK_K": 128, "USE_PDL": True}
 INTS = ("M", "N", "K", "k_per_split")
 
 
@@ -42,11 +43,11 @@ def _mma(tma: bool, prefetch: int) -> list[str]:
     consts = {**MMA_PARAMS, "PREFETCH": prefetch, "PF_LINES": lines, "LINE": 64}
     if tma:
         sig = {"x_desc": "tensordesc<fp16[16, 128]>", "w_desc": "tensordesc<fp16[64, 128]>", "w_ptr": "*fp16",
-               "b_ptr": "*fp16", "y_ptr": "*fp16", "part_ptr": "*fp32", **dict.fromkeys(INTS, "i32"),
+               "b_ptr": "*fp16", "y_ptr": "*fp16", "part_ptr": "*fp32", "cnt_ptr": "*i32", **dict.fromkeys(INTS, "i32"),
                "stride_wn": "i32", "stride_ym": "i32"}
         return _ptx_lines(dense_mma._dense_mma_tma_kernel, sig, consts)
     sig = {"x_ptr": "*fp16", "w_ptr": "*fp16", "b_ptr": "*fp16", "y_ptr": "*fp16", "part_ptr": "*fp32",
-           **dict.fromkeys(INTS, "i32"), "stride_xm": "i32", "stride_wn": "i32", "stride_ym": "i32"}
+           "cnt_ptr": "*i32", **dict.fromkeys(INTS, "i32"), "stride_xm": "i32", "stride_wn": "i32", "stride_ym": "i32"}
     return _ptx_lines(dense_mma._dense_mma_kernel, sig, consts)
 
 
@@ -56,8 +57,12 @@ def test_dense_mma_prefetches_before_the_wait(tma: bool) -> None:
     # 64 rows x 4 lines (2 tiles of 128 fp16 = 256 bytes) over 128 threads: 2 each
     assert count == 2 and ordered
     assert _prefetches_before_wait(_mma(tma, prefetch=0)) == (0, True)
+    lines = _mma(tma, prefetch=0)
     if tma:
-        assert any("cp.async.bulk.tensor" in line for line in _mma(tma, prefetch=0))  # the copy engine
+        assert any("cp.async.bulk.tensor" in line for line in lines)  # the copy engine
+    # the split-K join: one counter add with acquire-release at GPU scope, one exchange back to zero
+    assert sum("atom" in line and ".acq_rel" in line and ".gpu" in line and ".add" in line for line in lines) == 1
+    assert sum("atom" in line and ".exch" in line for line in lines) == 1
 
 
 def test_dense_gemv_prefetches_before_the_wait() -> None:
