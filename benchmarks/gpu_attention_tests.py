@@ -8,6 +8,8 @@ decodes, mixed prefill + decode, and prefill only (shuffled block ids; contexts 
   - the kernel's max abs error against the reference's explicit fp32-softmax path (fused=False); it passes when it
     is below the dtype's tolerance or within 2x of the engine's current path (SDPA per sequence, fused=True);
   - the time of one layer's attention: kernel vs that current path (CUDA events, median of 20 calls);
+  - RoPE, the KV write and batch-64 MHA decode attention in one launch, fp16 and bf16, against the same three steps
+    on the reference (output and the written K/V pools);
   - unless --no-sweep, a few block-shape/warp/stage configs on three cases (the fastest is the next default).
 Writes $OUT/gpu_attention_tests.json when OUT is set; prints a short table last; exits 1 on any failure.
 """
@@ -136,6 +138,51 @@ def check(shape: Shape, model: str, dtype: torch.dtype, kv: str, block: int, gen
     return row
 
 
+def _relative_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Largest |a - b| / max(|b|, 1) over elements that differ (slots never written hold the same bits in both
+    pools). Not |b| alone: where the rotation's two products cancel, the reference's two roundings leave an error
+    of the products' size, not the result's."""
+    same = (a == b) | (a.isnan() & b.isnan())
+    rel = (a.float() - b.float()).abs() / b.float().abs().clamp_min(1.0)
+    return torch.where(same, 0.0, rel).max().item()
+
+
+def check_rope_decode(dtype: torch.dtype, gen: torch.Generator) -> dict:
+    """RoPE + KV write + decode attention in one launch (`rope_decode_attention`, Llama-2-7B heads, batch 64)
+    against rotating, writing and attending with the reference; the written K/V pools compared too."""
+    from lmd.turbomind.kernels.paged_attention import attention_meta, rope_decode_attention
+    from lmd.turbomind.rope import rotary_qkv_reference
+
+    shape = SHAPES[6]
+    cache, batch, _ = build(shape, "llama2-7b", dtype, "float", 64, gen)
+    hq, _, d = MODELS["llama2-7b"]
+    pools = [cache.k[0].clone(), cache.v[0].clone()]
+    t = batch.num_tokens
+    qkv = torch.randn(t, 3 * hq * d, device=DEVICE, dtype=dtype)
+    angles = torch.rand(t, d // 2, device=DEVICE) * 6.3
+    cos, sin = torch.cat([angles.cos()] * 2, -1).to(dtype), torch.cat([angles.sin()] * 2, -1).to(dtype)
+    scale = d**-0.5
+    q, k, v = rotary_qkv_reference(qkv, cos, sin, hq, hq, d)
+    cache.write(0, k, v, batch.slots)
+    exact = paged_attention_reference(q, cache, 0, batch, scale, fused=False).float()
+    sdpa_err = (paged_attention_reference(q, cache, 0, batch, scale, fused=True).float() - exact).abs().max().item()
+    meta = attention_meta(batch.q_starts, batch.q_lens, batch.ctx_lens, batch.block_tables, qkv.device)
+    out = rope_decode_attention(qkv, cos, sin, batch.slots, *pools, meta, scale, hq)
+    row = dict(shape=f"{shape.name} rope+write", model="llama2-7b", dtype=str(dtype).removeprefix("torch."),
+               kv="float", block=64, ok=False, max_err=float("inf"), sdpa_err=sdpa_err, kernel_ms=float("nan"),
+               reference_ms=float("nan"), kernel_gbps=float("nan"))
+    if out is not None:
+        err = (out.float() - exact).abs().max().item()
+        # the stored keys: one rounding of the rotation against the reference's two, a unit in the last place
+        pool_err = max(_relative_diff(a, b) for a, b in zip(pools, (cache.k[0], cache.v[0]), strict=True))
+        ok = err <= max(TOL[dtype], 2 * sdpa_err) and pool_err <= 2 * torch.finfo(dtype).eps
+        row.update(max_err=err, pool_err=pool_err, ok=ok)
+    status = "ok  " if row["ok"] else "FAIL"
+    print(f"{status} {row['shape']:24s} llama2-7b {row['dtype']:8s} one launch: err {row['max_err']:.1e} (sdpa "
+          f"{sdpa_err:.1e}), K/V pools relative {row.get('pool_err', float('nan')):.1e}", flush=True)
+    return row
+
+
 def sweep(shape: Shape, model: str, configs: list[AttentionConfig], gen: torch.Generator) -> list[dict]:
     cache, batch, q = build(shape, model, torch.float16, "float", 64, gen)
     scale = q.shape[-1] ** -0.5
@@ -238,6 +285,8 @@ def main() -> int:
     torch.manual_seed(0)
     print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
     results = [] if args.sweep_only or args.sweep_decode64 else [check(*run, gen) for run in runs(args.quick)]
+    if not (args.sweep_only or args.sweep_decode64):
+        results += [check_rope_decode(dtype, gen) for dtype in (torch.float16, torch.bfloat16)]
     sweeps: list[dict] = []
     if args.sweep_decode64:
         for model in ("llama2-7b", "gqa-32/8"):

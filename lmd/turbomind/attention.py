@@ -1,7 +1,9 @@
 """Self-attention of one decoder layer: fused QKV (+bias), RoPE, KV write into the paged cache, paged attention, wo.
 
 RoPE and the KV write (float or online int8) are one Triton kernel on CUDA (kernels/rotary.py, LMD_LAYER_OPS); the
-PyTorch path (rope.rotary_qkv_reference, KVCache.write) is the CPU path and its oracle."""
+PyTorch path (rope.rotary_qkv_reference, KVCache.write) is the CPU path and its oracle. A batch of MHA decodes wide
+enough for the CUDA-core decode kernel folds RoPE and the KV write into the attention launch instead
+(paged_attention.rope_decode_attention)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from lmd.turbomind.forward_batch import ForwardBatch
 from lmd.turbomind.kernel_choice import layer_kernel
 from lmd.turbomind.kv_cache import KVCache
 from lmd.turbomind.linear import Linear
-from lmd.turbomind.paged_attention import paged_attention
+from lmd.turbomind.paged_attention import paged_attention, rope_decode_attention
 from lmd.turbomind.rope import rotary_qkv_reference
 
 
@@ -32,6 +34,10 @@ class Attention:
             slots = cache.float_slots(self.layer)  # float cache: K and V stored by the same kernel
             codes = cache.online_int8_slots(self.layer)  # online int8: quantized and stored by it too
             if slots is not None:
+                out = rope_decode_attention(qkv, cos, sin, cache, self.layer, batch, self.scale, self.q_heads,
+                                            self.kv_heads, self.fused)
+                if out is not None:  # MHA decodes: RoPE, the KV write and the attention in one launch
+                    return self.wo(out.reshape(t, self.q_heads * d))
                 q, _, _ = kernel.rotary_qkv_triton(qkv, cos, sin, self.q_heads, self.kv_heads, d, *slots, batch.slots)
             elif codes is not None:
                 k_codes, v_codes, k_param, v_param = codes

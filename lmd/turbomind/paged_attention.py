@@ -49,6 +49,25 @@ def paged_attention(
     return out
 
 
+def rope_decode_attention(
+    qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, layer: int, batch: ForwardBatch,
+    scale: float, num_heads: int, kv_heads: int, fused: bool = True
+) -> torch.Tensor | None:
+    """RoPE of the fused projection qkv [T, (Hq + 2 Hkv) D], the KV write and the attention in one Triton launch
+    (kernels/paged_attention.rope_decode_attention): out [T, Hq, D], or None where the batch does not qualify (a
+    prefill chunk, GQA, int8 KV, a token tree, the reference path, too few programs), and the caller rotates, writes
+    and calls `paged_attention`."""
+    if num_heads != kv_heads or cache.int8 or batch.tree is not None or qkv.dim() != 2:
+        return None
+    d = cache.k[layer].shape[-1]
+    if not triton_attention_runs(qkv.view(qkv.shape[0], -1, d)[:, :num_heads], cache, fused):
+        return None
+    kernels = _kernels()
+    meta = _batch_meta(kernels, batch, qkv.device)
+    return kernels.rope_decode_attention(qkv, cos, sin, batch.slots, cache.k[layer], cache.v[layer], meta, scale,
+                                         num_heads)
+
+
 def triton_attention_runs(q: torch.Tensor, cache: KVCache, fused: bool = True) -> bool:
     """Whether `paged_attention` takes the Triton kernels for queries like q (else the reference)."""
     if not (fused and _triton_requested(q)):

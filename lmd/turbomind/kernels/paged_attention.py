@@ -298,26 +298,7 @@ def paged_attention_triton(
         part = torch.empty((num_decode, num_heads, splits, d), dtype=torch.float32, device=q.device)
         part_ml = torch.empty((num_decode, num_heads, splits, 2), dtype=torch.float32, device=q.device)
     if mha:
-        _decode_mha_kernel[(num_decode, kv_heads, splits)](
-            q,
-            out,
-            part,
-            part_ml,
-            k,
-            v,
-            meta.tables,
-            meta.seq_info,
-            meta.decode_tiles,
-            scale * LOG2E,
-            *strides[:8],
-            BLOCK_N=mha[0],
-            HEAD_DIM=d,
-            BLOCK_SIZE=k.shape[1],
-            SPLITS=splits,
-            num_warps=mha[1],
-            num_stages=mha[2],
-            **pdl,
-        )
+        _launch_mha(q, out, part, part_ml, k, v, meta, scale, splits, mha, strides[:8])
     else:
         rows = max(16, g_pad)
         blocks = (cfg.block_n, cfg.decode_warps, cfg.num_stages)
@@ -340,4 +321,90 @@ def paged_attention_triton(
             num_warps=1,
             **pdl,
         )
+    return out
+
+
+def _launch_mha(
+    q: torch.Tensor,
+    out: torch.Tensor,
+    part: torch.Tensor,
+    part_ml: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    meta: AttentionMeta,
+    scale: float,
+    splits: int,
+    blocks: tuple[int, int, int],
+    strides: tuple[int, ...],  # q's token and head, out's token and head, the tables', k's block, token and head
+    rope: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,  # cos, sin, slots
+) -> None:
+    """The CUDA-core decode kernel (paged_decode_kernel) over meta's decode tiles; with rope, q is the fused
+    projection and the kernel rotates it and stores the new keys and values first."""
+    cos, sin, slots = rope if rope is not None else (q, q, meta.seq_info)
+    _decode_mha_kernel[(meta.decode_tiles.shape[0], k.shape[2], splits)](
+        q,
+        out,
+        part,
+        part_ml,
+        k,
+        v,
+        meta.tables,
+        meta.seq_info,
+        meta.decode_tiles,
+        cos,
+        sin,
+        slots,
+        scale * LOG2E,
+        cos.stride(0),
+        *strides,
+        BLOCK_N=blocks[0],
+        HEAD_DIM=k.shape[3],
+        BLOCK_SIZE=k.shape[1],
+        SPLITS=splits,
+        ROPE=rope is not None,
+        ROT=cos.shape[-1] if rope is not None else 2,
+        num_warps=blocks[1],
+        num_stages=blocks[2],
+        **pdl_options(q.device),
+    )
+
+
+def rope_decode_attention(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    slots: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    meta: AttentionMeta,
+    scale: float,
+    num_heads: int,
+    config: AttentionConfig | None = None,
+) -> torch.Tensor | None:
+    """RoPE, the KV write and decode attention in one launch, for a batch of decodes only with one query head per KV
+    head on a float cache, wide enough for the CUDA-core kernel: qkv [T, 3 H D] (rows contiguous), cos/sin [T, rot],
+    slots [T] int64 (the new tokens' cache slots), k/v one layer's pools -> out [T, H, D], the new keys and values
+    stored as `rotary_qkv_triton` stores them. None where the batch does not qualify: the caller runs the rotary
+    kernel and `paged_attention_triton` (the same values, up to the order of one softmax sum)."""
+    t = qkv.shape[0]
+    d = k.shape[-1] if k.dim() == 4 else 0
+    if not (t and meta.num_tokens == t == meta.decode_tiles.shape[0] and not meta.prefill):
+        return None
+    if k.dim() != 4 or k.shape[2] != num_heads or qkv.shape[1] != 3 * num_heads * d or qkv.stride(1) != 1:
+        return None
+    q = qkv.view(t, 3 * num_heads, d)[:, :num_heads]
+    rot = cos.shape[-1]
+    if unsupported_reason(q, k.dtype) or k.dtype != v.dtype or k.stride() != v.stride() or k.stride(3) != 1:
+        return None
+    if rot % 2 or rot > d or not cos.is_contiguous() or sin.stride() != cos.stride() or slots.shape != (t,):
+        return None
+    cfg = config or default_config(d, qkv.dtype)
+    programs = t * num_heads
+    if not cfg.mha_decode or programs < WIDE_PROGRAMS_PER_SM * _sm_count(qkv.device):
+        return None
+    if decode_splits(programs, meta.max_decode_ctx, cfg, qkv.device) != 1:
+        return None
+    out = torch.empty((t, num_heads, d), dtype=qkv.dtype, device=qkv.device)
+    strides = (qkv.stride(0), d, out.stride(0), out.stride(1), meta.tables.stride(0), *k.stride()[:3])
+    _launch_mha(qkv, out, out, out, k, v, meta, scale, 1, cfg.mha_decode, strides, (cos, sin, slots))
     return out

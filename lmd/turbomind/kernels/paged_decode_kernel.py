@@ -8,6 +8,13 @@ in fp32 on CUDA cores (a decode reads 2 x D values a key and does 2 x D multiply
 either way). Grid (decode tiles, KV heads, splits), the same partial layout as `_attention_kernel`'s, so
 `_combine_kernel` merges the splits.
 
+With ROPE the kernel also does the rotary kernel's work for its (sequence, head) (kernels/rotary.py, float KV): q
+points at the fused projection [T, 3 H D], the program rotates its query row and the new token's key, stores the new
+key and value at the token's cache slot, attends over the keys cached before it and folds the new key in from
+registers last (no read of what it just wrote). The query and key are rounded to the compute and cache dtypes
+before use, as the two-kernel path stores them. Unsplit launches only. A decode step at batch 64 saves the rotary
+launch of every layer (~2.4 µs on the H200, docs/benchmarks.md).
+
 When BLOCK_N divides BLOCK_SIZE every step's keys sit in one cache block (a split starts at a multiple of BLOCK_N),
 so a step reads one block id, not one a key. P is not rounded to the compute dtype before P @ V (the dot path
 rounds it): this path is the closer of the two to the fp32 reference.
@@ -36,6 +43,18 @@ def _key_offsets(table_ptr, start, keys, key_ok, stride_cb, stride_ct, BLOCK_SIZ
 
 
 @triton.jit
+def _rotated(row_ptr, offs_d, cos, sin, ROT: tl.constexpr):
+    """One head's row [D] rotated over its first ROT channels (rotate_half), in fp32: the rotary kernel's formula."""
+    half: tl.constexpr = ROT // 2
+    rot = offs_d < ROT
+    partner = tl.where(offs_d < half, offs_d + half, offs_d - half)
+    x = tl.load(row_ptr + offs_d).to(tl.float32)
+    xp = tl.load(row_ptr + partner, mask=rot, other=0.0).to(tl.float32)
+    sign = tl.where(offs_d < half, -1.0, 1.0)
+    return tl.where(rot, x * cos + (sign * sin) * xp, x)
+
+
+@triton.jit
 def _decode_mha_kernel(
     q_ptr,
     out_ptr,
@@ -46,7 +65,11 @@ def _decode_mha_kernel(
     tables_ptr,
     seq_info_ptr,
     tiles_ptr,
+    cos_ptr,
+    sin_ptr,
+    slots_ptr,
     qk_scale,
+    stride_cs,
     stride_qt,
     stride_qh,
     stride_ot,
@@ -59,6 +82,8 @@ def _decode_mha_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     SPLITS: tl.constexpr,
+    ROPE: tl.constexpr,
+    ROT: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     pdl_prologue(USE_PDL)
@@ -71,15 +96,29 @@ def _decode_mha_kernel(
     ctx = tl.load(seq_info_ptr + 3 * seq + 2)
     table_ptr = tables_ptr + seq.to(tl.int64) * stride_table
     offs_d = tl.arange(0, HEAD_DIM)
-    # the scale (log2 e folded in) goes on q once, not on every score
-    q = tl.load(q_ptr + token * stride_qt + head * stride_qh + offs_d).to(tl.float32) * qk_scale
-
-    per_split = tl.cdiv(tl.cdiv(ctx, BLOCK_N), SPLITS) * BLOCK_N
-    lo = tl.minimum(split * per_split, ctx)
-    hi = tl.minimum(lo + per_split, ctx)
-    full_end = lo + ((hi - lo) // BLOCK_N) * BLOCK_N
+    q_row = q_ptr + token * stride_qt + head * stride_qh
     k_ptr += head * stride_ch
     v_ptr += head * stride_ch
+    if ROPE:  # q_row is the head's query in the fused projection: its key and value sit H and 2 H heads on
+        cos = tl.load(cos_ptr + token * stride_cs + offs_d, mask=offs_d < ROT, other=1.0).to(tl.float32)
+        sin = tl.load(sin_ptr + token * stride_cs + offs_d, mask=offs_d < ROT, other=0.0).to(tl.float32)
+        q = _rotated(q_row, offs_d, cos, sin, ROT).to(out_ptr.dtype.element_ty).to(tl.float32)
+        k_new = _rotated(q_row + num_heads * stride_qh, offs_d, cos, sin, ROT).to(k_ptr.dtype.element_ty)
+        v_new = tl.load(q_row + 2 * num_heads * stride_qh + offs_d).to(v_ptr.dtype.element_ty)
+        slot = tl.load(slots_ptr + token)
+        new_row = (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_ct
+        tl.store(k_ptr + new_row + offs_d, k_new)
+        tl.store(v_ptr + new_row + offs_d, v_new)
+        cached = ctx - 1  # the keys before the new one; it is folded in after the loop
+    else:
+        q = tl.load(q_row + offs_d).to(tl.float32)
+        cached = ctx
+    q = q * qk_scale  # the scale (log2 e folded in) on q once, not on every score
+
+    per_split = tl.cdiv(tl.cdiv(cached, BLOCK_N), SPLITS) * BLOCK_N
+    lo = tl.minimum(split * per_split, cached)
+    hi = tl.minimum(lo + per_split, cached)
+    full_end = lo + ((hi - lo) // BLOCK_N) * BLOCK_N
 
     acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
     # running max and sum as scalars: a key tile's max and sum are reductions to one value
@@ -111,6 +150,13 @@ def _decode_mha_kernel(
             l_i = l_i * alpha + tl.sum(p, 0)
             acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), 0)
             m_i = m_new
+    if ROPE:
+        qk = tl.sum(k_new.to(tl.float32) * q, 0)
+        m_new = tl.maximum(m_i, qk)
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new)
+        l_i = l_i * alpha + p
+        acc = acc * alpha + p * v_new.to(tl.float32)
 
     if SPLITS == 1:
         out = acc / l_i

@@ -62,6 +62,7 @@ CASES = (
     Case("int8-online", MIXED, kv="online", block_size=64, splits=4),
     Case("int8-online-fp16-gqa4", MIXED, "fp16", kv="online", q_heads=8),
 )
+ENGINE_CHECKS = ("engine-fp32", "engine-int8-online", "engine-decode-graph")
 DISPATCHED = "dispatch-default-config-fp16"  # paged_attention() with LMD_ATTENTION=triton, default block shapes
 
 
@@ -117,6 +118,47 @@ def run_case(case: Case) -> float:
     out = paged_attention_triton_on_cache(q, cache, 0, batch, scale, cfg)
     assert out.shape == q.shape and out.dtype == q.dtype and torch.isfinite(ref).all()
     return (out.float() - ref).abs().max().item()
+
+
+ROPE_CASES = {"rope-decode-fp32-full": ("fp32", 64), "rope-decode-fp16-partial": ("fp16", 32)}
+
+
+def run_rope_decode(dtype_name: str, rot: int) -> list[float]:
+    """RoPE + KV write + decode attention in one launch against the two-step reference (rotate, write, attend):
+    [output error, largest K/V pool difference, 1 if a prefill chunk in the batch made it decline]."""
+    import torch
+
+    from lmd.turbomind.kernels.paged_attention import AttentionConfig, attention_meta, rope_decode_attention
+    from lmd.turbomind.paged_attention import paged_attention_reference
+    from lmd.turbomind.rope import rotary_qkv_reference
+
+    dtype = {"fp32": torch.float32, "fp16": torch.float16}[dtype_name]
+    heads, d = 4, 64
+    case = Case("rope", ((1, 0), (1, 16), (1, 40), (1, 70)), dtype_name, q_heads=heads, kv_heads=heads, head_dim=d)
+    caches = [_fill_cache(case, torch.Generator().manual_seed(5), dtype)[:2] for _ in range(2)]
+    (ref_cache, batch), (cache, _) = caches
+    g = torch.Generator().manual_seed(6)
+    t = len(case.seqs)
+    qkv = torch.randn(t, 3 * heads * d, generator=g).to(dtype)
+    angles = torch.rand(t, rot // 2, generator=g) * 6.3
+    cos, sin = torch.cat([angles.cos()] * 2, -1).to(dtype), torch.cat([angles.sin()] * 2, -1).to(dtype)
+    scale = d**-0.5
+    q, k, v = rotary_qkv_reference(qkv, cos, sin, heads, heads, d)
+    ref_cache.write(0, k, v, batch.slots)
+    ref = paged_attention_reference(q, ref_cache, 0, batch, scale, fused=False).float()
+    meta = attention_meta(batch.q_starts, batch.q_lens, batch.ctx_lens, batch.block_tables, qkv.device)
+    cfg = AttentionConfig(mha_decode=(16, 1, 1))
+    out = rope_decode_attention(qkv, cos, sin, batch.slots, cache.k[0], cache.v[0], meta, scale, heads, cfg)
+    pools = max((a.float() - b.float()).nan_to_num(0.0).abs().max().item()
+                for a, b in ((cache.k[0], ref_cache.k[0]), (cache.v[0], ref_cache.v[0])))
+    mixed = Case("rope-mixed", MIXED, dtype_name, q_heads=heads, kv_heads=heads, head_dim=d)
+    mcache, mbatch, _ = _fill_cache(mixed, torch.Generator().manual_seed(7), dtype)
+    mmeta = attention_meta(mbatch.q_starts, mbatch.q_lens, mbatch.ctx_lens, mbatch.block_tables, qkv.device)
+    rows = mbatch.slots.shape[0]
+    one = (cos[:1].expand(rows, -1).contiguous(), sin[:1].expand(rows, -1).contiguous())
+    declined = rope_decode_attention(torch.zeros(rows, 3 * heads * d, dtype=dtype), *one, mbatch.slots,
+                                     mcache.k[0], mcache.v[0], mmeta, scale, heads, cfg) is None
+    return [(out.float() - ref).abs().max().item(), pools, float(declined)]
 
 
 def run_dispatched() -> float:
@@ -206,6 +248,52 @@ def decode_graph_logits(ws: str) -> tuple:
     return ref, tri
 
 
+def mha_rope_decode_logits() -> tuple:
+    """A tiny fp16 MHA Llama (4 query heads, 4 KV heads): prompts on the reference path, then one decode step of
+    three sequences on the Triton kernels twice: RoPE, the KV write and the attention as one launch (3 x 4 programs:
+    wide enough on a CPU's one 'SM'), and as the rotary kernel then the attention. Also how many layers took the
+    one launch."""
+    import tempfile
+    from pathlib import Path
+
+    import torch
+
+    from lmd.turbomind.kernels import paged_attention as kernels
+    from lmd.turbomind.model_runner import ModelRunner
+    from lmd.turbomind.workspace import open_workspace
+    from tests.conftest import deploy_tiny
+
+    fused = []
+    plain = kernels.rope_decode_attention
+    one_launch = [False]
+
+    def counted(*args, **kwargs):
+        out = plain(*args, **kwargs) if one_launch[0] else None
+        fused.append(out is not None)
+        return out
+
+    kernels.rope_decode_attention = counted
+    ids = torch.randint(0, 49152, (80,), generator=torch.Generator().manual_seed(13)).tolist()
+    a, b, c = ids[:21], ids[21:57], ids[57:61]
+    tables = [9, 2, 14], [5, 0, 11], [7]
+    prompts = [(a[:20], 0, tables[0]), (b[:35], 0, tables[1]), (c[:3], 0, tables[2])]
+    step = [(a[20:], 20, tables[0]), (b[35:], 35, tables[1]), (c[3:], 3, tables[2])]
+    logits = []
+    with tempfile.TemporaryDirectory() as tmp:
+        _, ws = deploy_tiny(Path(tmp), "llama", num_key_value_heads=4)
+        for one_launch[0] in (False, True):
+            os.environ["LMD_ATTENTION"] = os.environ["LMD_LAYER_OPS"] = "reference"
+            runner = ModelRunner(open_workspace(str(ws), cache_block_seq_len=16, cache_max_entry_count=16,
+                                                max_batch_size=4, session_len=256, dtype="fp16"))
+            runner.run_chunks(prompts, [19, 54, 57])
+            os.environ["LMD_ATTENTION"] = os.environ["LMD_LAYER_OPS"] = "triton"
+            logits.append(runner.run_chunks(step, [0, 1, 2]).float())
+    os.environ["LMD_ATTENTION"] = "reference"
+    os.environ.pop("LMD_LAYER_OPS")
+    kernels.rope_decode_attention = plain
+    return logits[0], logits[1], sum(fused)
+
+
 def run_engine(ws: str) -> dict[str, float]:
     out = {}
     for name, overrides in (("engine-fp32", {}), ("engine-int8-online", {"quant_policy": 4})):
@@ -213,6 +301,9 @@ def run_engine(ws: str) -> dict[str, float]:
         out[name] = ((tri - ref).abs().max() / (ref.amax(-1) - ref.amin(-1)).max()).item()
     ref, tri = decode_graph_logits(ws)
     out["engine-decode-graph"] = ((tri - ref).abs().max() / (ref.amax(-1) - ref.amin(-1)).max()).item()
+    ref, tri, fused_layers = mha_rope_decode_logits()
+    out["engine-mha-rope-decode"] = ((tri - ref).abs().max() / (ref.amax(-1) - ref.amin(-1)).max()).item()
+    out["engine-mha-rope-decode-layers"] = fused_layers
     return out
 
 
@@ -220,12 +311,14 @@ def main(ws: str) -> None:
     assert os.environ.get("TRITON_INTERPRET") == "1", "run under TRITON_INTERPRET=1"
     jobs = {c.name: (lambda c=c: run_case(c)) for c in CASES} | {DISPATCHED: run_dispatched,
                                                                   "bad-shapes": run_bad_shapes}
+    jobs |= {name: (lambda a=args: run_rope_decode(*a)) for name, args in ROPE_CASES.items()}
     results = run_jobs(jobs)
     try:
         results.update(run_engine(ws))
     except Exception:
-        results["engine-fp32"] = results["engine-int8-online"] = results["engine-decode-graph"] = \
-            traceback.format_exc(limit=4)
+        failed = traceback.format_exc(limit=4)
+        for name in (*ENGINE_CHECKS, "engine-mha-rope-decode", "engine-mha-rope-decode-layers"):
+            results.setdefault(name, failed)
     json.dump(results, sys.stdout)
 
 
@@ -238,6 +331,17 @@ def test_kernel_matches_reference(interpreted: dict, case: Case) -> None:
     err = interpreted[case.name]
     assert isinstance(err, float), err
     assert err < TOL[case.dtype], f"{case.name}: max abs error {err:.2e}"
+
+
+@pytest.mark.parametrize("name", ROPE_CASES)
+def test_rope_decode_matches_rotate_write_attend(interpreted: dict, name: str) -> None:
+    result = interpreted[name]
+    assert isinstance(result, list), result
+    out_err, pool_err, declined = result
+    # one launch differs from rotate, write, attend by the rounding of the rotation (one FMA against two products,
+    # one unit in the last place of the stored key) and the order of one softmax sum
+    tol = TOL[ROPE_CASES[name][0]]
+    assert out_err <= tol and pool_err <= tol * 2 and declined == 1.0
 
 
 def test_dispatch_runs_the_kernel_when_asked(interpreted: dict) -> None:
@@ -253,11 +357,19 @@ def test_wrapper_rejects_bad_queries(interpreted: dict) -> None:
     assert "k_param and v_param" in int8
 
 
-@pytest.mark.parametrize("name", ["engine-fp32", "engine-int8-online", "engine-decode-graph"])
+@pytest.mark.parametrize("name", ENGINE_CHECKS)
 def test_engine_logits_match_the_reference_path(interpreted: dict, name: str) -> None:
     err = interpreted[name]
     assert isinstance(err, float), err
     assert err < 1e-5, f"{name}: logits differ by {err:.2e} of their range"
+
+
+def test_mha_decode_in_one_launch_matches_two(interpreted: dict) -> None:
+    err = interpreted["engine-mha-rope-decode"]
+    assert isinstance(err, float), err
+    # fp16: the rotation rounded once instead of twice, one softmax sum in another order
+    assert err < 2e-3, f"logits differ by {err:.2e} of their range"
+    assert interpreted["engine-mha-rope-decode-layers"] == 2  # both layers of the tiny model took it
 
 
 def test_unknown_attention_choice_is_refused(monkeypatch) -> None:
