@@ -57,10 +57,10 @@ def rope_decode_attention(
     (kernels/paged_attention.rope_decode_attention): out [T, Hq, D], or None where the batch does not qualify (a
     prefill chunk, GQA, int8 KV, a token tree, the reference path, too few programs), and the caller rotates, writes
     and calls `paged_attention`."""
-    if num_heads != kv_heads or cache.int8 or batch.tree is not None or qkv.dim() != 2:
+    if num_heads != kv_heads or cache.int8 or batch.tree is not None or qkv.dim() != 2 or not qkv.shape[0]:
         return None
     d = cache.k[layer].shape[-1]
-    if not triton_attention_runs(qkv.view(qkv.shape[0], -1, d)[:, :num_heads], cache, fused):
+    if not triton_attention_runs(qkv.view(qkv.shape[0], 3 * num_heads, d)[:, :num_heads], cache, fused):
         return None
     kernels = _kernels()
     meta = _batch_meta(kernels, batch, qkv.device)
