@@ -150,7 +150,8 @@ def _relative_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 def check_rope_decode(dtype: torch.dtype, gen: torch.Generator) -> dict:
     """RoPE + KV write + decode attention in one launch (`rope_decode_attention`, Llama-2-7B heads, batch 64)
     against rotating, writing and attending with the reference; the written K/V pools compared too."""
-    from lmd.turbomind.kernels.paged_attention import attention_meta, rope_decode_attention
+    from lmd.turbomind.kernels.paged_attention import attention_meta
+    from lmd.turbomind.kernels.paged_decode import rope_decode_attention
     from lmd.turbomind.kernels.rotary import rotary_qkv_triton
     from lmd.turbomind.rope import rotary_qkv_reference
 

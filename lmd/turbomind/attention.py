@@ -3,7 +3,7 @@
 RoPE and the KV write (float or online int8) are one Triton kernel on CUDA (kernels/rotary.py, LMD_LAYER_OPS); the
 PyTorch path (rope.rotary_qkv_reference, KVCache.write) is the CPU path and its oracle. A batch of MHA decodes wide
 enough for the CUDA-core decode kernel folds RoPE and the KV write into the attention launch instead
-(paged_attention.rope_decode_attention)."""
+(paged_attention.rope_decode_attention, kernels/paged_decode.py)."""
 
 from __future__ import annotations
 

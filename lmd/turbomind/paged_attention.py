@@ -54,18 +54,19 @@ def rope_decode_attention(
     scale: float, num_heads: int, kv_heads: int, fused: bool = True
 ) -> torch.Tensor | None:
     """RoPE of the fused projection qkv [T, (Hq + 2 Hkv) D], the KV write and the attention in one Triton launch
-    (kernels/paged_attention.rope_decode_attention): out [T, Hq, D], or None where the batch does not qualify (a
+    (kernels/paged_decode.rope_decode_attention): out [T, Hq, D], or None where the batch does not qualify (a
     prefill chunk, GQA, int8 KV, a token tree, the reference path, too few programs), and the caller rotates, writes
     and calls `paged_attention`."""
     if num_heads != kv_heads or cache.int8 or batch.tree is not None or qkv.dim() != 2 or not qkv.shape[0]:
         return None
+    if batch.num_tokens != len(batch.q_lens):  # a chunk of more than one token: no views or metadata to build
+        return None
     d = cache.k[layer].shape[-1]
     if not triton_attention_runs(qkv.view(qkv.shape[0], 3 * num_heads, d)[:, :num_heads], cache, fused):
         return None
-    kernels = _kernels()
-    meta = _batch_meta(kernels, batch, qkv.device)
-    return kernels.rope_decode_attention(qkv, cos, sin, batch.slots, cache.k[layer], cache.v[layer], meta, scale,
-                                         num_heads)
+    meta = _batch_meta(_kernels(), batch, qkv.device)
+    return triton_module("paged_decode").rope_decode_attention(qkv, cos, sin, batch.slots, cache.k[layer],
+                                                               cache.v[layer], meta, scale, num_heads)
 
 
 def triton_attention_runs(q: torch.Tensor, cache: KVCache, fused: bool = True) -> bool:

@@ -2,7 +2,7 @@
 
 `tree_attention_triton(q, k, v, meta, row_masks, scale)` computes what `lmd.turbomind.tree_attention.
 tree_attention_reference` computes (the CPU path and the tests' oracle). The batch is laid out as for paged attention
-(`kernels/paged_attention.attention_meta`): sequence i owns rows [q_starts[i], q_starts[i] + n) of q, whose K/V are
+(`kernels/attention_meta.attention_meta`): sequence i owns rows [q_starts[i], q_starts[i] + n) of q, whose K/V are
 already stored at positions [ctx - n, ctx) of the sequence (the tree flattened, parents first). Instead of the causal
 mask, row j of a chunk sees every cached key before the chunk (positions < ctx - n) and the chunk's key i iff bit i
 of row_masks[row] is set (its ancestors and itself: `speculative/tree.TokenTree.row_masks`), so n <= 64.
@@ -22,8 +22,9 @@ import torch
 import triton
 import triton.language as tl
 
+from lmd.turbomind.kernels.attention_config import LOG2E, unsupported_reason
+from lmd.turbomind.kernels.attention_meta import AttentionMeta, attention_meta
 from lmd.turbomind.kernels.host_copy import to_device
-from lmd.turbomind.kernels.paged_attention import LOG2E, AttentionMeta, attention_meta, unsupported_reason
 
 __all__ = ["MAX_TREE_ROWS", "attention_meta", "tree_attention_triton", "unsupported_reason"]
 

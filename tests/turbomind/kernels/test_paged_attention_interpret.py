@@ -128,7 +128,8 @@ def run_rope_decode(dtype_name: str, rot: int) -> list[float]:
     [output error, largest K/V pool difference, 1 if a prefill chunk in the batch made it decline]."""
     import torch
 
-    from lmd.turbomind.kernels.paged_attention import AttentionConfig, attention_meta, rope_decode_attention
+    from lmd.turbomind.kernels.paged_attention import AttentionConfig, attention_meta
+    from lmd.turbomind.kernels.paged_decode import rope_decode_attention
     from lmd.turbomind.paged_attention import paged_attention_reference
     from lmd.turbomind.rope import rotary_qkv_reference
 
@@ -258,7 +259,7 @@ def mha_rope_decode_logits() -> tuple:
 
     import torch
 
-    from lmd.turbomind.kernels import paged_attention as kernels
+    from lmd.turbomind.kernels import paged_decode as kernels
     from lmd.turbomind.model_runner import ModelRunner
     from lmd.turbomind.workspace import open_workspace
     from tests.conftest import deploy_tiny

@@ -1,0 +1,98 @@
+"""Launch shapes of the paged-attention kernels: block configs per head dim and dtype, which kernels take a query,
+how far a decode's context is split, and when a decode launch is wide enough for its wide configs (the dot kernel's
+`wide_decode`, the CUDA-core MHA kernel). Shared by the dispatch (`paged_attention`) and the MHA decode's own entry
+point (`paged_decode`)."""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+
+LOG2E = 1.4426950408889634
+COMPUTE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    block_m: int = 64  # prefill rows per program: query tokens x the GQA group padded to a power of two
+    block_n: int = 64  # keys per step, both kernels
+    prefill_warps: int = 4
+    decode_warps: int = 4
+    num_stages: int = 2
+    num_splits: int = 0  # decode split-K over the context; 0: enough to fill the GPU, each split >= 4 steps
+    # (block_n, warps, stages) of an unsplit float-KV decode launch with at least WIDE_PROGRAMS_PER_SM programs per
+    # SM; None: the fields above. Batch 64 x 32 KV heads on an H200: 32 keys a step on 1 warp, 2 stages is 2-4 %
+    # faster alone at contexts 128-256 (level at 1024); a batch-64 step's attention went 2.12 -> 1.93 ms with it (two
+    # calls); at batch 16 (4 programs per SM) it is slower (docs/benchmarks.md, eighteenth session)
+    wide_decode: tuple[int, int, int] | None = None
+    # (block_n, warps, stages) of a float-KV decode launch of at least WIDE_PROGRAMS_PER_SM programs per SM with one
+    # query head per KV head, on the CUDA-core kernel (`paged_decode_kernel`); None: the dot kernel. Its loads are not
+    # pipelined, so it needs many programs: at batch 64 it is 8 % faster than the dot kernel's wide config, at batch
+    # 16 up to 40 % slower (docs/benchmarks.md, twentieth session)
+    mha_decode: tuple[int, int, int] | None = None
+
+
+WIDE_PROGRAMS_PER_SM = 8
+# mha_decode: 32 keys a step on 1 warp is 126 registers for head dim 128 (Triton 3.6, sm_90a): 16 programs an SM, so
+# batch 64 x 32 heads fits one wave, where the dot kernel's wide config (220 registers) took 1.72
+DEFAULT_CONFIG = AttentionConfig(wide_decode=(32, 1, 2), mha_decode=(32, 1, 1))
+
+
+def default_config(head_dim: int, dtype: torch.dtype) -> AttentionConfig:
+    """Block shapes that compile for sm_90 without register spills (ptxas through Triton 3.6) for fp16/bf16 up to
+    head dim 256; fp32 (IEEE dots on FMA units) is a correctness path and spills a little at head dim 128."""
+    if dtype == torch.float32:
+        return AttentionConfig(block_m=32, block_n=32)
+    if head_dim > 128:
+        return AttentionConfig(block_n=32)
+    return DEFAULT_CONFIG
+
+
+def unsupported_reason(q: torch.Tensor, kv_dtype: torch.dtype) -> str | None:
+    """Why the kernels cannot take queries like q over K/V attended in kv_dtype (the cache's compute dtype, which
+    int8 codes dequantize to); None: they can. The dispatcher then runs the reference."""
+    d = q.shape[-1]
+    if q.dtype not in COMPUTE_DTYPES:
+        return f"query dtype {q.dtype} (kernels take fp16, bf16, fp32)"
+    if d < 16 or d > 256 or d & (d - 1):
+        return f"head dim {d} (kernels take powers of two 16..256)"
+    if kv_dtype != q.dtype:
+        return f"cache compute dtype {kv_dtype} differs from the query's {q.dtype}"
+    if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        return "CPU tensors need TRITON_INTERPRET=1"
+    return None
+
+
+@functools.cache
+def sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+
+
+def decode_splits(programs: int, max_ctx: int, cfg: AttentionConfig, device: torch.device) -> int:
+    """Split the context until about two programs run per SM, keeping at least 4 key steps per split."""
+    if cfg.num_splits:
+        return cfg.num_splits
+    steps = triton.cdiv(max_ctx, cfg.block_n)
+    splits = 1
+    while programs * splits < 2 * sm_count(device) and steps >= 8 * splits and splits < 64:
+        splits *= 2
+    return splits
+
+
+def wide_decode_launch(programs: int, float_kv: bool, device: torch.device) -> bool:
+    """A float-KV decode launch of at least WIDE_PROGRAMS_PER_SM programs per SM: where `wide_decode` and
+    `mha_decode` apply (int8 KV's best configs differ, docs/benchmarks.md)."""
+    return float_kv and programs >= WIDE_PROGRAMS_PER_SM * sm_count(device)
+
+
+def mha_decode_blocks(programs: int, group: int, float_kv: bool, cfg: AttentionConfig,
+                      device: torch.device) -> tuple[int, int, int] | None:
+    """(block_n, warps, stages) of the CUDA-core MHA decode kernel for a launch of `programs` (sequence, KV head)
+    pairs with `group` query heads per KV head, or None: the dot kernel."""
+    if group != 1 or not cfg.mha_decode or not wide_decode_launch(programs, float_kv, device):
+        return None
+    return cfg.mha_decode
