@@ -49,8 +49,9 @@ CANDIDATES: dict[int, tuple[Config, ...]] = {
         (128, 64, 4, 3, 1, True), (64, 128, 4, 5, 2, True, 2), (64, 128, 4, 6, 1, True, 2))),
 }
 # a skinny GEMM must beat cuBLAS by 1.5 %, more than the graph timing's noise, to be chosen. At 3 % the planner
-# flipped between runs on the 7B w13 and qkv at 64 rows (lmd 2.4-3.1 % ahead in four timings), and the batch-64 step
-# with cuBLAS's w13 replayed 5.80 ms against 5.72 with lmd's (docs/benchmarks.md, twentieth session)
+# flipped between runs on the 7B w13 at 64 rows and kept cuBLAS for qkv (lmd ahead by 2.7-3.1 % and 2.0-2.5 % in
+# three calls); on one machine the batch-64 step replayed 5.90 ms with lmd's w13 against 5.94 with cuBLAS's
+# (docs/benchmarks.md, twentieth session)
 MARGIN = 0.985
 
 
