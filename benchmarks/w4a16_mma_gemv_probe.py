@@ -1,0 +1,169 @@
+"""The CUDA `mma.sync` W4A16 kernel for 1-16 token rows (`w4a16_mma_gemv`) on the GPU: correctness, then speed beside
+lmd's shipped W4A16 plan for the same bucket and fp16 cuBLAS (issue 18).
+
+    python3 benchmarks/w4a16_mma_gemv_probe.py [--ms 1,4,8,16] [--shapes 12288x4096,...] [--quick]
+
+1. Checks: fp16 and bf16, M = 1..16 (both block sizes), groups 32/64/128, with and without bias, split and unsplit
+   launches, against `w4a16_matmul_reference` (`output_is_wrong`, the tuner's limits) and the PyTorch twin
+   (`mma_gemv_reference`); poisoned outputs; 20 CUDA-graph replays must repeat the eager result. Any failure makes the
+   exit non-zero and skips nothing else.
+2. Timing: µs per call in a CUDA graph over weight copies worth more than L2 (as `benchmarks/kernels.py`), every
+   config of `mma_gemv_configs`, beside the plan `plan_for` picks today (shipped table or tuning) and fp16 cuBLAS.
+Writes $OUT/w4a16_mma_gemv_probe.json and prints a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lmd.turbomind.kernels.gpu_timing import graph_ms  # noqa: E402
+from lmd.turbomind.kernels.w4a16 import output_is_wrong, plan_for, run_plan  # noqa: E402
+from lmd.turbomind.kernels.w4a16_layout import quantize_to_engine, w4a16_matmul_reference  # noqa: E402
+from lmd.turbomind.kernels.w4a16_mma_gemv import MmaGemvConfig, mma_gemv, mma_gemv_reference  # noqa: E402
+
+SHAPES = "12288x4096,4096x4096,22016x4096,4096x11008"
+
+
+def all_configs(block_m: int) -> list[MmaGemvConfig]:
+    word = [MmaGemvConfig(block_m, w, gpw, pf) for w in (2, 4, 8) for gpw in (1, 2, 4, 8) for pf in (False, True)
+            if not (pf and gpw == 1)]
+    pair = [MmaGemvConfig(block_m, w, gpw, pf, False) for w, gpw, pf in ((4, 2, True), (8, 1, False), (4, 4, True))]
+    return word + pair
+
+
+def check(failures: list[str]) -> int:
+    dev = torch.device("cuda")
+    cases = 0
+    for dtype in (torch.float16, torch.bfloat16):
+        for n, k, group in ((256, 1024, 128), (128, 512, 64), (192, 768, 32), (4096, 4096, 128), (64, 11008, 128)):
+            w = torch.randn(n, k, device=dev) * 0.02
+            qw, s, z = quantize_to_engine(w, group, dtype)
+            bias = torch.randn(n, device=dev, dtype=dtype)
+            for m in (1, 2, 5, 8, 9, 16):
+                x = torch.randn(m, k, device=dev, dtype=dtype)
+                ref = w4a16_matmul_reference(x.float(), qw, s, z)
+                twin = mma_gemv_reference(x, qw, s, z).float()
+                for cfg in (MmaGemvConfig(8 if m <= 8 else 16, 4, 1, False), MmaGemvConfig(16, 2, 2, True),
+                            MmaGemvConfig(16, 8, 64, False), MmaGemvConfig(8 if m <= 8 else 16, 4, 2, True, False)):
+                    if m > cfg.block_m:
+                        continue
+                    for b in (None, bias):
+                        cases += 1
+                        y = mma_gemv(x, qw, s, z, b, cfg)
+                        want = ref + (b.float() if b is not None else 0)
+                        err = ((y.float() - want).norm() / want.norm()).item()
+                        twin_err = ((y.float() - twin - (b.float() if b is not None else 0)).norm()
+                                    / want.norm()).item()
+                        if output_is_wrong(y, want) or twin_err > (1e-2 if dtype == torch.bfloat16 else 2e-3):
+                            failures.append(f"{cfg.name()} {dtype} n{n} k{k} g{group} m{m} bias={b is not None}: "
+                                            f"rel err {err:.3g}, vs twin {twin_err:.3g}")
+            # graph replays repeat the eager output (the split-K workspace cleans itself between calls)
+            x = torch.randn(3, k, device=dev, dtype=dtype)
+            cfg = MmaGemvConfig(8, 2, 1, False)
+            eager = mma_gemv(x, qw, s, z, None, cfg)
+            holder = []
+            graph = torch.cuda.CUDAGraph()
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                mma_gemv(x, qw, s, z, None, cfg)
+            torch.cuda.current_stream().wait_stream(stream)
+            with torch.cuda.graph(graph):
+                holder.append(mma_gemv(x, qw, s, z, None, cfg))
+            for _ in range(20):
+                graph.replay()
+                cases += 1
+                if output_is_wrong(holder[0], eager.float()) or not torch.allclose(holder[0], eager, rtol=1e-2,
+                                                                                    atol=1e-3):
+                    failures.append(f"graph replay differs {dtype} n{n} k{k}")
+                    break
+    return cases
+
+
+def graph_us(fns: list) -> float:
+    return graph_ms(fns, 30) * 1000.0
+
+
+def bench(n: int, k: int, ms: list[int], group: int, quick: bool) -> list[dict]:
+    dev = torch.device("cuda")
+    w = torch.randn(n, k, device=dev, dtype=torch.float16) * 0.02
+    qw, s, z = quantize_to_engine(w, group, torch.float16)
+    q_bytes = qw.numel() * 4 + 2 * s.numel() * 2
+    copies = max(4, min(64, -(-256 * 2**20 // q_bytes)))
+    quant = [(qw.clone(), s.clone(), z.clone()) for _ in range(copies)]
+    fp16_w = [w.clone() for _ in range(max(4, min(copies, -(-256 * 2**20 // (n * k * 2)))))]
+    rows = []
+    for m in ms:
+        x = torch.randn(m, k, device=dev, dtype=torch.float16)
+        t_fp16 = graph_us([lambda wi=wi, x=x: F.linear(x, wi) for wi in fp16_w])
+        plan = plan_for(m, qw, s, z, torch.float16)
+        t_plan = graph_us([lambda p=p, x=x, c=plan: run_plan(c, x, *p) for p in quant])
+        ref = w4a16_matmul_reference(x.float(), qw, s, z)
+        timings = {}
+        configs = all_configs(8 if m <= 8 else 16)
+        if quick:
+            configs = configs[::3]
+        for cfg in configs:
+            y = mma_gemv(x, qw, s, z, None, cfg)
+            if output_is_wrong(y, ref):
+                timings[cfg.name()] = float("nan")
+                continue
+            timings[cfg.name()] = graph_us([lambda p=p, x=x, c=cfg: mma_gemv(x, *p, None, c) for p in quant])
+        best = min((v, name) for name, v in timings.items() if v == v)
+        moved = q_bytes + 2 * m * (k + n)
+        row = dict(n=n, k=k, m=m, fp16_us=t_fp16, plan=plan.name(), plan_us=t_plan, mma_best=best[1],
+                   mma_us=best[0], mma_tb_s=moved / (best[0] * 1e-6) / 1e12, vs_fp16=t_fp16 / best[0],
+                   vs_plan=t_plan / best[0], timings=timings)
+        rows.append(row)
+        print(f"{n}x{k} m={m:3d} fp16 {t_fp16:6.1f} plan {t_plan:6.1f} [{plan.name()}] mma {best[0]:6.1f} "
+              f"[{best[1]}] {row['mma_tb_s']:.2f} TB/s x{row['vs_fp16']:.2f} fp16 x{row['vs_plan']:.2f} plan",
+              flush=True)
+        top = sorted((v, name) for name, v in timings.items() if v == v)[:5]
+        print("    top: " + ", ".join(f"{name} {v:.1f}" for v, name in top), flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--shapes", default=SHAPES)
+    parser.add_argument("--ms", default="1,4,8,16")
+    parser.add_argument("--group", type=int, default=128)
+    parser.add_argument("--quick", action="store_true", help="a third of the configs")
+    parser.add_argument("--no-bench", action="store_true")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    props = torch.cuda.get_device_properties(0)
+    print(f"{props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}", flush=True)
+    start = time.time()
+    failures: list[str] = []
+    cases = check(failures)
+    print(f"checks: {cases} cases, {len(failures)} failures ({time.time() - start:.1f} s)", flush=True)
+    for f in failures[:30]:
+        print("  FAIL " + f)
+    rows = []
+    if not args.no_bench:
+        for shape in args.shapes.split(","):
+            n, k = (int(v) for v in shape.split("x"))
+            rows += bench(n, k, [int(v) for v in args.ms.split(",")], args.group, args.quick)
+    out = Path(os.environ.get("OUT", "."), "w4a16_mma_gemv_probe.json")
+    out.write_text(json.dumps(dict(gpu=props.name, cases=cases, failures=failures, rows=rows), indent=1))
+    print(f"\nmma-gemv g{args.group}, {props.name}: µs per call (graph, cold weights)")
+    print(f"{'N x K':12s} {'M':>3s} {'fp16':>7s} {'plan':>7s} {'mma':>7s} {'x fp16':>7s} {'x plan':>7s}  best config")
+    for r in rows:
+        print(f"{r['n']}x{r['k']:<7d} {r['m']:3d} {r['fp16_us']:7.1f} {r['plan_us']:7.1f} {r['mma_us']:7.1f} "
+              f"{r['vs_fp16']:7.2f} {r['vs_plan']:7.2f}  {r['mma_best']}")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
