@@ -23,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ["LMD_W4A16_PLAN_CACHE"] = "0"  # always tune: the timings are the results
+from lmd.turbomind.kernels import w4a16_mma_gemv as mma_gemv  # noqa: E402
 from lmd.turbomind.kernels import w4a16_shipped_plans as shipped  # noqa: E402
 from lmd.turbomind.kernels.w4a16 import TUNE_LOG, m_bucket, plan_for, plan_key, random_weight  # noqa: E402
 
@@ -42,7 +43,8 @@ def write_table(rows: list[dict], gpu: str, out: Path) -> Path:
     path = out / shipped.table_file(gpu).name
     shapes = ",".join(dict.fromkeys(f"{r['n']}x{r['k']}" for r in rows))
     source = f"benchmarks/w4a16_tune.py --shapes {shapes}"
-    path.write_text(shipped.table_json(gpu, triton.__version__, source, plans))
+    opt_in = ["mma-gemv"] if mma_gemv.enabled(torch.device("cuda")) else []
+    path.write_text(shipped.table_json(gpu, triton.__version__, source, plans, opt_in))
     return path
 
 

@@ -32,17 +32,28 @@ def available() -> bool:
 
 
 @functools.cache
-def compile_kernel(source: str, name: str, capability: tuple[int, int]) -> Any:
-    """The `extern "C"` kernel `name` of `source`, built for compute capability `capability` (cached per process).
-    Returns torch's kernel handle: call it as kernel(grid, block, args, shared_mem)."""
-    if not available():
-        raise NvrtcUnavailable("this torch build has no run-time CUDA compiler (NVRTC)")
+def _build(source: str, name: str, capability: tuple[int, int]) -> Any:
+    """The kernel handle, or the exception building it raised (a failure is remembered, not retried per call)."""
     from torch.cuda import _utils
 
-    result = _utils._nvrtc_compile(kernel_source=source, kernel_name=name,
-                                   compute_capability=f"{capability[0]}{capability[1]}", nvcc_options=["-std=c++17"])
-    binary, lowered = result if isinstance(result, tuple) else (result, name)
-    return _utils._cuda_load_module(binary, [lowered or name])[lowered or name]
+    try:
+        result = _utils._nvrtc_compile(kernel_source=source, kernel_name=name,
+                                       compute_capability=f"{capability[0]}{capability[1]}")
+        binary, lowered = result if isinstance(result, tuple) else (result, name)
+        return _utils._cuda_load_module(binary, [lowered or name])[lowered or name]
+    except Exception as e:  # noqa: BLE001 (no NVRTC library, no CUDA headers, a compile error: all mean "not here")
+        return NvrtcUnavailable(f"NVRTC could not build {name}: {type(e).__name__}: {e}")
+
+
+def compile_kernel(source: str, name: str, capability: tuple[int, int]) -> Any:
+    """The `extern "C"` kernel `name` of `source`, built for compute capability `capability` (cached per process).
+    Returns torch's kernel handle (launch it with `launch`); raises NvrtcUnavailable where it cannot be built."""
+    if not available():
+        raise NvrtcUnavailable("this torch build has no run-time CUDA compiler (NVRTC)")
+    kernel = _build(source, name, capability)
+    if isinstance(kernel, NvrtcUnavailable):
+        raise kernel
+    return kernel
 
 
 def launch(kernel: Any, grid: tuple[int, int, int], block: tuple[int, int, int], args: list[Any]) -> None:

@@ -9,6 +9,8 @@ On CUDA tensors with Triton present (or under TRITON_INTERPRET=1) the token coun
                    nibbles decoded straight into the MMA fragment ("frag")
                                                        (w4a16_gemm_wt; the usual winner from M = 2 to 128)
     M >= 128    -> Triton dequant, then cuBLAS         (w4a16_dequant)
+    M <= 16     -> warp-level mma.sync in CUDA C++ (NVRTC), opt-in with LMD_W4A16_MMA_GEMV=1 until it has run on
+                   a GPU                              (w4a16_mma_gemv)
 and the measured fastest wins (H200 figures: docs/benchmarks.md). fp16/bf16 activations; other dtypes, CPU tensors
 and machines without Triton take the PyTorch reference. On a GPU the plan of each (bucket, N, K, group, dtype) is
 autotuned once by timing the candidates and cached; `prewarm` does this for every bucket up to max_m, compiles the
@@ -27,10 +29,12 @@ from typing import Union
 
 import torch
 
+from lmd.turbomind.kernels import w4a16_mma_gemv as mma_gemv_kernel
 from lmd.turbomind.kernels import w4a16_plan_cache as plan_cache
 from lmd.turbomind.kernels import w4a16_shipped_plans as shipped_plans
 from lmd.turbomind.kernels.gpu_timing import cold_call_ms
 from lmd.turbomind.kernels.w4a16_layout import w4a16_matmul_reference
+from lmd.turbomind.kernels.w4a16_mma_gemv import MmaGemvConfig, mma_gemv
 
 try:
     from lmd.turbomind.kernels.w4a16_dequant import DequantConfig, dequant_matmul
@@ -38,13 +42,14 @@ try:
     from lmd.turbomind.kernels.w4a16_gemm_wt import WtGemmConfig, gemm_wt
     from lmd.turbomind.kernels.w4a16_gemv import GemvConfig, gemv
 
-    PLAN_KINDS: dict[str, type] = {t.__name__: t for t in (GemvConfig, GemmConfig, WtGemmConfig, DequantConfig)}
+    PLAN_KINDS: dict[str, type] = {t.__name__: t for t in (GemvConfig, GemmConfig, WtGemmConfig, DequantConfig,
+                                                            MmaGemvConfig)}
     HAS_TRITON = True
 except ImportError:  # the engine still runs, on the reference path
     HAS_TRITON = False
 
 log = logging.getLogger(__name__)
-Plan = Union["GemvConfig", "GemmConfig", "WtGemmConfig", "DequantConfig"]
+Plan = Union["GemvConfig", "GemmConfig", "WtGemmConfig", "DequantConfig", MmaGemvConfig]
 MAX_BUCKET = 4096
 
 
@@ -83,6 +88,8 @@ def run_plan(plan: Plan, x2d: torch.Tensor, qweight: torch.Tensor, scales: torch
         return gemm(x2d, qweight, scales, zeros, bias, plan)
     if isinstance(plan, WtGemmConfig):
         return gemm_wt(x2d, qweight, scales, zeros, bias, plan)
+    if isinstance(plan, MmaGemvConfig):
+        return mma_gemv(x2d, qweight, scales, zeros, bias, plan)
     return dequant_matmul(x2d, qweight, scales, zeros, bias, plan)
 
 
@@ -201,6 +208,8 @@ def candidates(bucket: int, n: int, k: int, group: int, device: torch.device) ->
     if bucket >= 128:
         out.append(DequantConfig())
         out.append(DequantConfig(block_k8=8, block_n=256, num_warps=8))
+    if mma_gemv_kernel.enabled(device):
+        out.extend(mma_gemv_kernel.tuner_configs(bucket, n, k, group))
     return list(dict.fromkeys(out))
 
 

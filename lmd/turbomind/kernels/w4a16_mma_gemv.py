@@ -30,6 +30,7 @@ The CPU path and the test oracle is `mma_gemv_reference`: the same decode bits a
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -55,6 +56,21 @@ class MmaGemvConfig:
 
 def supports(n: int, k: int, group: int) -> bool:
     return n % BLOCK_N == 0 and group in GROUPS and k % group == 0
+
+
+def enabled(device: torch.device) -> bool:
+    """Whether the tuner offers this kernel: opt-in (`LMD_W4A16_MMA_GEMV=1`) until it has passed
+    `benchmarks/w4a16_mma_gemv_probe.py` on a GPU, on CUDA devices where NVRTC works."""
+    return os.environ.get("LMD_W4A16_MMA_GEMV") == "1" and device.type == "cuda" and nvrtc.available()
+
+
+def tuner_configs(bucket: int, n: int, k: int, group: int) -> list[MmaGemvConfig]:
+    """The configs the tuner times for one bucket of up to 16 rows."""
+    if bucket > 16 or not supports(n, k, group):
+        return []
+    block_m = 8 if bucket <= 8 else 16
+    return [MmaGemvConfig(block_m, warps, per_warp, prefetch) for warps in (2, 4, 8) for per_warp in (1, 2, 4)
+            for prefetch in (False, True) if not (prefetch and per_warp == 1)]
 
 
 SOURCE = r"""
@@ -338,7 +354,9 @@ def mma_gemv(x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zer
         raise ValueError(f"mma-gemv config for M <= {cfg.block_m} (8 or 16) called with M={m}")
     if not supports(n, k, group):
         raise ValueError(f"mma-gemv needs N % {BLOCK_N} == 0 and a group of {GROUPS}; got N={n}, group={group}")
-    if x2d.data_ptr() % 16:  # the kernel reads x as 16-byte vectors
+    if any(t.data_ptr() % 16 or not t.is_contiguous() for t in (qweight, scales, zeros)):
+        raise ValueError("mma-gemv reads qweight, scales and zeros as contiguous 16-byte vectors")
+    if x2d.data_ptr() % 16:  # x likewise; a view at an odd offset is copied
         x2d = x2d.clone()
     groups = k // group
     per_cta = cfg.warps * cfg.groups_per_warp

@@ -4,12 +4,14 @@ Tuning the four int4 linears of a 7B model for every row bucket a step can have 
 compiling the ~200-300 candidates of the buckets up to 64 rows (docs/benchmarks.md, seventeenth session). The winners
 of such a run (`benchmarks/w4a16_tune.py`, which writes this format) live in `w4a16_plans/<gpu>.json`:
 
-    {"gpu": "NVIDIA H200", "triton": "3.6", "source": "...",
+    {"gpu": "NVIDIA H200", "triton": "3.6", "source": "...", "opt_in": ["mma-gemv"],
      "plans": {"m<bucket> n<N> k<K> g<group> <dtype>": "<plan name>", ...}}
 
 A shipped plan is used where the on-disk cache of plans tuned on this machine (`w4a16_plan_cache`) has none and only
 if its name is still one of the candidates lmd would tune (a changed candidate list or kernel then tunes again), on
-a GPU of that exact name and a Triton of the same minor version. Shapes, dtypes or group sizes the table lacks tune
+a GPU of that exact name and a Triton of the same minor version, and only if its tuning offered every opt-in kernel
+family the candidates hold now (`opt_in`; a table tuned without `mma-gemv` does not decide between it and the
+rest). Shapes, dtypes or group sizes the table lacks tune
 as before. `LMD_W4A16_PLAN_CACHE=0` (always tune) ignores the tables too.
 """
 
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 TABLES = Path(__file__).with_name("w4a16_plans")
+OPT_IN_FAMILIES = ("mma-gemv",)  # kernel families the tuner offers only when asked to (w4a16_mma_gemv.enabled)
 
 
 def table_file(gpu: str) -> Path:
@@ -37,26 +40,35 @@ def minor_version(version: str) -> str:
     return ".".join(version.split(".")[:2])
 
 
+def family(plan_name: str) -> str:
+    return plan_name.split(" ")[0]
+
+
 @functools.cache
-def _plans(gpu: str, triton_version: str) -> dict[str, str]:
+def _table(gpu: str, triton_version: str) -> tuple[dict[str, str], frozenset[str]]:
+    """(entry_key -> plan name, the opt-in families its tuning offered) of the table for this GPU and Triton."""
     try:
         table = json.loads(table_file(gpu).read_text())
     except (OSError, ValueError):
-        return {}
+        return {}, frozenset()
     if table.get("gpu") != gpu or table.get("triton") != minor_version(triton_version):
-        return {}
-    return dict(table.get("plans", {}))
+        return {}, frozenset()
+    return dict(table.get("plans", {})), frozenset(table.get("opt_in", ()))
 
 
 def lookup(gpu: str, bucket: int, n: int, k: int, group: int, dtype: str, candidates: Sequence[Any]) -> Any | None:
     """The candidate whose name the table holds for this shape on this GPU, or None."""
     import triton
 
-    name = _plans(gpu, triton.__version__).get(entry_key(bucket, n, k, group, dtype))
+    plans, offered = _table(gpu, triton.__version__)
+    if {family(p.name()) for p in candidates} & set(OPT_IN_FAMILIES) - offered:
+        return None
+    name = plans.get(entry_key(bucket, n, k, group, dtype))
     return next((plan for plan in candidates if plan.name() == name), None) if name else None
 
 
-def table_json(gpu: str, triton_version: str, source: str, plans: dict[str, str]) -> str:
-    """The file `lookup` reads, from entry_key -> plan name."""
+def table_json(gpu: str, triton_version: str, source: str, plans: dict[str, str],
+               opt_in: Sequence[str] = ()) -> str:
+    """The file `lookup` reads, from entry_key -> plan name and the opt-in families the tuning offered."""
     return json.dumps({"gpu": gpu, "triton": minor_version(triton_version), "source": source,
-                       "plans": dict(sorted(plans.items()))}, indent=1) + "\n"
+                       "opt_in": sorted(opt_in), "plans": dict(sorted(plans.items()))}, indent=1) + "\n"

@@ -15,9 +15,10 @@ from lmd.turbomind.kernels.w4a16_dequant import DequantConfig  # noqa: E402
 from lmd.turbomind.kernels.w4a16_gemm import GemmConfig  # noqa: E402
 from lmd.turbomind.kernels.w4a16_gemm_wt import WtGemmConfig  # noqa: E402
 from lmd.turbomind.kernels.w4a16_gemv import GemvConfig  # noqa: E402
+from lmd.turbomind.kernels.w4a16_mma_gemv import MmaGemvConfig  # noqa: E402
 
 PLANS = [GemvConfig(256, 2, 64, 2, 1, 1), GemmConfig(16, 128, 64, 16, nibble_dots=True),
-         WtGemmConfig(64, 16, 128, 8, 4, 3, "asm"), DequantConfig(8, 256, 8)]
+         WtGemmConfig(64, 16, 128, 8, 4, 3, "asm"), DequantConfig(8, 256, 8), MmaGemvConfig(16, 4, 2, True, False)]
 KEY = w4a16.PlanKey(16, 11008, 4096, 128, torch.float16, "cuda:0")
 
 

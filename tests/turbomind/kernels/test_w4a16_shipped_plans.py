@@ -88,11 +88,28 @@ def test_a_plan_no_longer_among_the_candidates_is_not_used(monkeypatch) -> None:
 
 def test_table_round_trip(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(shipped, "TABLES", tmp_path)
-    shipped._plans.cache_clear()
+    shipped._table.cache_clear()
     plan = GemvConfig(512, 2, 51, 4, 1, 1)
     text = shipped.table_json("Some GPU 9", "3.6.2", "test", {shipped.entry_key(1, 8, 16, 128, "float16"): plan.name()})
     shipped.table_file("Some GPU 9").write_text(text)
     assert shipped.table_file("Some GPU 9").name == "some_gpu_9.json"
     assert shipped.lookup("Some GPU 9", 1, 8, 16, 128, "float16", [GemvConfig(), plan]) is plan
     assert shipped.lookup("Some GPU 9", 2, 8, 16, 128, "float16", [GemvConfig(), plan]) is None
-    shipped._plans.cache_clear()
+    shipped._table.cache_clear()
+
+
+def test_a_table_tuned_without_an_opt_in_family_does_not_judge_it(tmp_path, monkeypatch) -> None:
+    from lmd.turbomind.kernels.w4a16_mma_gemv import MmaGemvConfig
+
+    monkeypatch.setattr(shipped, "TABLES", tmp_path)
+    shipped._table.cache_clear()
+    plan, mma = GemvConfig(512, 2, 51, 4, 1, 1), MmaGemvConfig(8, 4, 2, True)
+    key = shipped.entry_key(1, 64, 256, 128, "float16")
+    shipped.table_file("Some GPU 9").write_text(shipped.table_json("Some GPU 9", "3.6.2", "t", {key: plan.name()}))
+    assert shipped.lookup("Some GPU 9", 1, 64, 256, 128, "float16", [plan]) is plan
+    assert shipped.lookup("Some GPU 9", 1, 64, 256, 128, "float16", [plan, mma]) is None
+    shipped._table.cache_clear()
+    shipped.table_file("Some GPU 9").write_text(
+        shipped.table_json("Some GPU 9", "3.6.2", "t", {key: mma.name()}, opt_in=["mma-gemv"]))
+    assert shipped.lookup("Some GPU 9", 1, 64, 256, 128, "float16", [plan, mma]) is mma
+    shipped._table.cache_clear()

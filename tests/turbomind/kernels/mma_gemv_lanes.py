@@ -1,0 +1,157 @@
+"""A lane-level emulation of the CUDA kernel in `w4a16_mma_gemv.SOURCE`, for CI machines without a GPU.
+
+It follows the source statement by statement, vectorized over the 32 lanes of a warp: the same load addresses, the
+same shifts, masks, PRMT selectors and 1.0 bits, `mma.sync.m16n8k16` through the fragment layout the PTX ISA
+specifies (A: a0 = row g cols 2t..2t+1, a1 = row g+8, a2 = row g cols 2t+8.., a3 = row g+8 cols 2t+8..; B: b0 = rows
+2t..2t+1 col g, b1 = rows 2t+8..; C/D: c0, c1 = row g cols 2t..2t+1, c2, c3 = row g+8), the per-group fold, the
+warps' shared-memory sum and the split-K workspace. What it checks is the kernel's index and bit plan; that the
+CUDA text says the same is the GPU probe's job (`benchmarks/w4a16_mma_gemv_probe.py`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lmd.turbomind.kernels.w4a16_mma_gemv import BLOCK_N, MmaGemvConfig, word_decode
+
+LANES = torch.arange(32)
+G, T = LANES >> 2, LANES & 3
+U32 = 0xFFFFFFFF
+
+
+def _bits(halves: torch.Tensor) -> torch.Tensor:
+    """fp16/bf16 tensor [..., 2k] -> uint32 words [..., k] (int64), element 2i in the low half."""
+    h = halves.contiguous().view(torch.int16).to(torch.int64) & 0xFFFF
+    return h[..., 0::2] | (h[..., 1::2] << 16)
+
+
+def _halves(words: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """uint32 words [...] -> float32 [..., 2] (low half first)."""
+    h = torch.stack([words & 0xFFFF, (words >> 16) & 0xFFFF], dim=-1).to(torch.int16)
+    return h.view(dtype).to(torch.float32)
+
+
+def prmt(a: torch.Tensor, b: torch.Tensor, sel: int) -> torch.Tensor:
+    """PTX prmt.b32 (default mode): result byte k = byte (sel >> 4k) & 7 of the 8 bytes {b, a} (a = bytes 0-3)."""
+    pool = [(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)]
+    out = torch.zeros_like(a)
+    for k in range(4):
+        out |= pool[(sel >> (4 * k)) & 7] << (8 * k)
+    return out
+
+
+def mma(c: torch.Tensor, a: list[torch.Tensor], b: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """mma.sync.aligned.m16n8k16.row.col.f32: c [32, 4] fp32, a 4 and b 2 registers per lane -> d [32, 4]."""
+    A = torch.zeros(16, 16)
+    B = torch.zeros(16, 8)
+    C = torch.zeros(16, 8)
+    cols = 2 * T[:, None] + torch.arange(2)  # [32, 2]
+    A[G[:, None], cols] = _halves(a[0], dtype)
+    A[G[:, None] + 8, cols] = _halves(a[1], dtype)
+    A[G[:, None], cols + 8] = _halves(a[2], dtype)
+    A[G[:, None] + 8, cols + 8] = _halves(a[3], dtype)
+    B[cols, G[:, None]] = _halves(b[0], dtype)
+    B[cols + 8, G[:, None]] = _halves(b[1], dtype)
+    C[G[:, None], cols] = c[:, 0:2]
+    C[G[:, None] + 8, cols] = c[:, 2:4]
+    D = A @ B + C
+    return torch.cat([D[G[:, None], cols], D[G[:, None] + 8, cols]], dim=1)
+
+
+def unit_pair(i: int, q: torch.Tensor, q8: torch.Tensor, dtype: torch.dtype, word: bool) -> torch.Tensor:
+    if word:
+        src = q if i < 2 else q8
+        return (src & 0x000F000F) | 0x4C004C00 if i % 2 == 0 else (src & 0x00F000F0) | 0x3C003C00
+    bit, mask, one = (3, 0x00780078, 0x3F803F80) if dtype == torch.bfloat16 else (6, 0x03C003C0, 0x3C003C00)
+    shift = bit - 4 * i
+    t = ((q << shift) & U32) if shift >= 0 else (q >> -shift)
+    return (t & mask) | one
+
+
+def run(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+        bias: torch.Tensor | None, cfg: MmaGemvConfig) -> torch.Tensor:
+    """What the kernel computes for x [M, K] (fp16/bf16), as the host wrapper `mma_gemv` launches it."""
+    dtype = x.dtype
+    m_rows, k = x.shape
+    n = qweight.shape[1]
+    group = k // scales.shape[0]
+    gsteps, mb, warps = group // 32, cfg.block_m // 8, cfg.warps
+    word = word_decode(dtype, cfg)
+    one2 = 0x3F803F80 if dtype == torch.bfloat16 else 0x3C003C00
+    offset_a, scale_c = (0x4C004C00, 64.0) if word else (one2, 16.0)
+    groups = k // group
+    per_cta = warps * cfg.groups_per_warp
+    split = -(-groups // per_cta)
+    q_all = qweight.to(torch.int64) & U32
+    x_words = _bits(x)  # [M, K/2]
+    s_words, z_words = _bits(scales), _bits(zeros)  # [G, N/2]
+    ws = torch.zeros(m_rows, n)
+    out = torch.empty(m_rows, n, dtype=dtype)
+    zero4 = torch.zeros(32, 4, dtype=torch.int64)
+    for bx in range(n // BLOCK_N):
+        col = bx * 64 + 8 * G  # [32]
+        for by in range(split):
+            first = by * per_cta
+            end = min(first + per_cta, groups)
+            red = torch.zeros(warps, mb * 8, 64)
+            for warp in range(warps):
+                y = torch.zeros(mb, 4, 32, 4)
+                for gi in range(first + warp, end, warps):
+                    q = [q_all[(gi * gsteps * 4 + s * 4 + T)[:, None], col[:, None] + torch.arange(8)]
+                         for s in range(gsteps)]  # [32, 8] words a step
+                    xv = []
+                    for b in range(mb):
+                        m = b * 8 + G
+                        rows = []
+                        for s in range(gsteps):
+                            k0 = gi * gsteps * 32 + s * 32 + 8 * T  # x element offset, 4 words from k0 / 2
+                            words = x_words[m.clamp(max=m_rows - 1)[:, None], (k0 // 2)[:, None] + torch.arange(4)]
+                            rows.append(torch.where((m < m_rows)[:, None], words, zero4))
+                        xv.append(rows)
+                    s_lo = s_words[gi, (col // 2)[:, None] + torch.arange(4)]  # [32, 4] words
+                    z_lo = z_words[gi, (col // 2)[:, None] + torch.arange(4)]
+                    d = torch.zeros(mb, 4, 32, 4)
+                    xs = torch.zeros(mb, 32, 4)
+                    for s in range(gsteps):
+                        for h in range(2):
+                            b0, b1 = [], []
+                            for b in range(mb):
+                                lo = xv[b][s][:, 1 if h else 0]
+                                hi = xv[b][s][:, 3 if h else 2]
+                                b0.append(prmt(lo, hi, 0x5410))
+                                b1.append(prmt(lo, hi, 0x7632))
+                                ones = [torch.full((32,), v, dtype=torch.int64) for v in (offset_a, one2, one2, one2)]
+                                xs[b] = mma(xs[b], ones, [b0[b], b1[b]], dtype)
+                            for j in range(4):
+                                w0, w1 = q[s][:, 2 * j], q[s][:, 2 * j + 1]
+                                w08, w18 = w0 >> 8, w1 >> 8
+                                a = [unit_pair(2 * h, w0, w08, dtype, word), unit_pair(2 * h, w1, w18, dtype, word),
+                                     unit_pair(2 * h + 1, w0, w08, dtype, word),
+                                     unit_pair(2 * h + 1, w1, w18, dtype, word)]
+                                for b in range(mb):
+                                    d[b, j] = mma(d[b, j], a, [b0[b], b1[b]], dtype)
+                    sc = _halves(s_lo, dtype).reshape(32, 8)
+                    zr = _halves(z_lo, dtype).reshape(32, 8)
+                    for j in range(4):
+                        for r in range(2):
+                            e = 2 * j + r
+                            cs = scale_c * sc[:, e]
+                            for b in range(mb):
+                                y[b, j, :, 2 * r] += cs * (d[b, j, :, 2 * r] - xs[b, :, 0]) + zr[:, e] * xs[b, :, 2]
+                                y[b, j, :, 2 * r + 1] += (cs * (d[b, j, :, 2 * r + 1] - xs[b, :, 1])
+                                                          + zr[:, e] * xs[b, :, 3])
+                for b in range(mb):
+                    for j in range(4):
+                        for e in range(4):
+                            red[warp, b * 8 + 2 * T + (e & 1), 8 * G + 2 * j + (e >> 1)] = y[b, j, :, e]
+            total = red.sum(dim=0)[:m_rows]  # [M, 64]
+            cols = bx * 64 + torch.arange(64)
+            if split > 1:
+                ws[:, cols] += total
+            else:
+                v = total + (bias[cols].float() if bias is not None else 0.0)
+                out[:, cols] = v.to(dtype)
+        if split > 1:
+            cols = bx * 64 + torch.arange(64)
+            out[:, cols] = (ws[:, cols] + (bias[cols].float() if bias is not None else 0.0)).to(dtype)
+    return out
