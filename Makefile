@@ -12,14 +12,14 @@ DEMO_DIR ?= demo_out
 
 .PHONY: venv test test-fast test-latest lint lock demo clean
 
-# CPU machines install exactly the lock (CI). A CUDA machine keeps the lock's versions for everything but torch and
-# triton, which come from pyproject's ranges (the CUDA build matching the driver).
+# CPU machines install exactly the lock (CI). A CUDA machine keeps the lock's versions for everything but torch,
+# triton and NVRTC, which come from pyproject's ranges (the CUDA build of torch matching the driver pins its NVRTC).
 $(VENV)/.installed: pyproject.toml $(LOCK)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then \
 		$(PIP) install -q "torch>=2.4,<2.15" && \
-		$(PIP) install -q -r <(grep -vE '^(torch|triton)==' $(LOCK)); \
+		$(PIP) install -q -r <(grep -vE '^(torch|triton|nvidia-cuda-nvrtc)==' $(LOCK)); \
 	else \
 		$(PIP) install -q -r $(LOCK); \
 	fi

@@ -8,6 +8,7 @@ its loader is missing (CPU builds of torch, old releases) `available()` is False
 
 from __future__ import annotations
 
+import ctypes
 import functools
 from typing import Any
 
@@ -56,6 +57,55 @@ def compile_kernel(source: str, name: str, capability: tuple[int, int]) -> Any:
     return kernel
 
 
-def launch(kernel: Any, grid: tuple[int, int, int], block: tuple[int, int, int], args: list[Any]) -> None:
-    """Launch on the current stream (a CUDA graph capture records it). Tensors pass as pointers, ints as int32."""
-    kernel(grid=grid, block=block, args=args, shared_mem=0, stream=torch.cuda.current_stream())
+class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute (cuda.h): an enum id, padding to 8, a 64-byte union
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_char * 64)]
+
+
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig (cuda.h)
+    _fields_ = [("grid_x", ctypes.c_uint), ("grid_y", ctypes.c_uint), ("grid_z", ctypes.c_uint),
+                ("block_x", ctypes.c_uint), ("block_y", ctypes.c_uint), ("block_z", ctypes.c_uint),
+                ("shared_mem", ctypes.c_uint), ("stream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
+
+
+PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+
+
+def pdl_launch_config(grid: tuple[int, int, int], block: tuple[int, int, int], stream: int
+                      ) -> tuple[_LaunchConfig, _LaunchAttribute]:
+    """cuLaunchKernelEx's config for a launch that may start while the previous kernel in the stream finishes (the
+    kernel waits with griddepcontrol.wait before it reads that kernel's output). Keep the attribute alive with it."""
+    attr = _LaunchAttribute(id=PROGRAMMATIC_STREAM_SERIALIZATION)
+    ctypes.memmove(ctypes.addressof(attr) + _LaunchAttribute.value.offset, ctypes.byref(ctypes.c_int(1)), 4)
+    config = _LaunchConfig(*grid, *block, 0, stream, ctypes.pointer(attr), 1)
+    return config, attr
+
+
+def _kernel_params(args: list[Any]) -> tuple[ctypes.Array, list[Any]]:
+    """void** kernelParams for tensors (as device pointers) and ints (as int32), with the values kept alive."""
+    values: list[Any] = []
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            values.append(ctypes.c_void_p(arg.data_ptr()))
+        elif isinstance(arg, int):
+            values.append(ctypes.c_int(arg))
+        else:
+            raise TypeError(f"kernel argument of type {type(arg).__name__}: pass tensors or ints")
+    params = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values])
+    return params, values
+
+
+def launch(kernel: Any, grid: tuple[int, int, int], block: tuple[int, int, int], args: list[Any],
+           pdl: bool = False) -> None:
+    """Launch on the current stream (a CUDA graph capture records it). Tensors pass as pointers, ints as int32.
+    With `pdl`, through cuLaunchKernelEx with programmatic stream serialization (sm_90)."""
+    stream = torch.cuda.current_stream()
+    if not pdl:
+        kernel(grid=grid, block=block, args=args, shared_mem=0, stream=stream)
+        return
+    from torch.cuda import _utils
+
+    libcuda = _utils._get_gpu_runtime_library()
+    config, _attr = pdl_launch_config(grid, block, stream.cuda_stream)
+    params, _values = _kernel_params(args)
+    _utils._check_cuda(libcuda.cuLaunchKernelEx(ctypes.byref(config), kernel.func, params, None))

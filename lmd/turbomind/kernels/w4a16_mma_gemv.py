@@ -87,12 +87,12 @@ struct U4 { u32 x, y, z, w; };
 #define ONE2 0x3C003C00u
 #endif
 
-#if WORD_DECODE  // fp16: one shift per word; pairs (0,4), (2,6) read 16 + c/64, pairs (1,5), (3,7) read 1 + c/64
+// WORD_DECODE (fp16): one shift per word; pairs (0,4), (2,6) read 16 + c/64, pairs (1,5), (3,7) read 1 + c/64,
+// so the offsets' MMA takes 16.0 for fragment columns (2t, 2t + 1). Else one shift per pair; all read 1 + c/16.
+#if WORD_DECODE
 #define SCALE_C 64.f
-#define OFFSET_A 0x4C004C00u  // 16.0 in both halves: the offset of fragment columns (2t, 2t + 1)
-#else  // one shift per pair; every pair reads 1 + c/16
+#else
 #define SCALE_C 16.f
-#define OFFSET_A ONE2
 #endif
 
 __device__ __forceinline__ U4 load_stream(const void* p) {  // weights: read once, evict first
@@ -107,12 +107,28 @@ __device__ __forceinline__ U4 load_cached(const void* p) {  // activations, scal
     return r;
 }
 
-// nibbles I and I + 4 of word q (q8 = q >> 8) in the low and high half, as (offset + c / SCALE_C)
+// (src & MASK) | magic in one LOP3: the mask as its immediate, the 1.0 / 16.0 bits in a register
+template <u32 MASK>
+__device__ __forceinline__ u32 and_or(u32 src, u32 magic) {
+    u32 r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(src), "n"(MASK), "r"(magic));
+    return r;
+}
+
+// a register whose value the compiler cannot fold into an immediate (and then rematerialize at every use)
+__device__ __forceinline__ u32 opaque(u32 v) {
+    u32 r;
+    asm volatile("mov.b32 %0, %1;" : "=r"(r) : "r"(v));
+    return r;
+}
+
+// nibbles I and I + 4 of word q (q8 = q >> 8) in the low and high half, as (offset + c / SCALE_C);
+// one = the unit bits in both halves, sixteen = 16.0 in both halves (word decode only)
 template <int I>
-__device__ __forceinline__ u32 unit_pair(u32 q, u32 q8) {
+__device__ __forceinline__ u32 unit_pair(u32 q, u32 q8, u32 one, u32 sixteen) {
 #if WORD_DECODE
     const u32 src = I < 2 ? q : q8;
-    return I % 2 == 0 ? ((src & 0x000F000Fu) | 0x4C004C00u) : ((src & 0x00F000F0u) | 0x3C003C00u);
+    return I % 2 == 0 ? and_or<0x000F000Fu>(src, sixteen) : and_or<0x00F000F0u>(src, one);
 #else
 #if BF16
     constexpr int shift = 3 - 4 * I;  // the nibble into mantissa bits 3..6
@@ -122,7 +138,7 @@ __device__ __forceinline__ u32 unit_pair(u32 q, u32 q8) {
     constexpr u32 mask = 0x03C003C0u;
 #endif
     const u32 t = shift >= 0 ? (q << (shift >= 0 ? shift : 0)) : (q >> (shift < 0 ? -shift : 0));
-    return (t & mask) | ONE2;
+    return and_or<mask>(t, one);
 #endif
 }
 
@@ -172,8 +188,9 @@ struct Group {
     U4 s, z;
 };
 
-__device__ __forceinline__ void load_group(Group& d, const u16* x, const u32* qw, const u16* scales,
-                                           const u16* zeros, int M, int N, int K, int gi, int g, int t, int col) {
+// the weights' part (words, scales, zeros): nothing an earlier kernel writes, so it may be read before the PDL wait
+__device__ __forceinline__ void load_weights(Group& d, const u32* qw, const u16* scales, const u16* zeros, int N,
+                                             int gi, int t, int col) {
 #pragma unroll
     for (int s = 0; s < GSTEPS; ++s) {
         const u32* p = qw + (u64)(gi * GSTEPS * 4 + s * 4 + t) * N + col;
@@ -181,6 +198,11 @@ __device__ __forceinline__ void load_group(Group& d, const u16* x, const u32* qw
         d.q[s][0] = lo.x; d.q[s][1] = lo.y; d.q[s][2] = lo.z; d.q[s][3] = lo.w;
         d.q[s][4] = hi.x; d.q[s][5] = hi.y; d.q[s][6] = hi.z; d.q[s][7] = hi.w;
     }
+    d.s = load_cached(scales + (u64)gi * N + col);
+    d.z = load_cached(zeros + (u64)gi * N + col);
+}
+
+__device__ __forceinline__ void load_x(Group& d, const u16* x, int M, int K, int gi, int g, int t) {
 #pragma unroll
     for (int b = 0; b < MB; ++b) {
         const int m = b * 8 + g;
@@ -193,8 +215,6 @@ __device__ __forceinline__ void load_group(Group& d, const u16* x, const u32* qw
             }
         }
     }
-    d.s = load_cached(scales + (u64)gi * N + col);
-    d.z = load_cached(zeros + (u64)gi * N + col);
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
@@ -209,6 +229,7 @@ w4a16_mma_gemv(const u16* __restrict__ x, const u32* __restrict__ qw, const u16*
     const int first = blockIdx.y * groups_per_cta;
     const int end = first + groups_per_cta < groups ? first + groups_per_cta : groups;
 
+    const u32 one = opaque(ONE2), sixteen = opaque(0x4C004C00u), offset_a = WORD_DECODE ? sixteen : one;
     float y[MB][4][4];
 #pragma unroll
     for (int b = 0; b < MB; ++b)
@@ -218,15 +239,23 @@ w4a16_mma_gemv(const u16* __restrict__ x, const u32* __restrict__ qw, const u16*
             for (int e = 0; e < 4; ++e) y[b][j][e] = 0.f;
 
     Group cur;
-#if PREFETCH
-    if (first + warp < end) load_group(cur, x, qw, scales, zeros, M, N, K, first + warp, g, t, col);
+    if (first + warp < end) load_weights(cur, qw, scales, zeros, N, first + warp, t, col);
+#if PDL
+    // programmatic dependent launch: the first group's weights are in flight while the previous kernel finishes;
+    // x is its output, read after the wait; the next kernel may be scheduled from here on (its own wait holds
+    // back its reads of this kernel's output and of the split-K workspace)
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" :::);
 #endif
+    if (first + warp < end) load_x(cur, x, M, K, first + warp, g, t);
     for (int gi = first + warp; gi < end; gi += WARPS) {
+        const bool more = gi + WARPS < end;
 #if PREFETCH
         Group next;
-        if (gi + WARPS < end) load_group(next, x, qw, scales, zeros, M, N, K, gi + WARPS, g, t, col);
-#else
-        load_group(cur, x, qw, scales, zeros, M, N, K, gi, g, t, col);
+        if (more) {
+            load_weights(next, qw, scales, zeros, N, gi + WARPS, t, col);
+            load_x(next, x, M, K, gi + WARPS, g, t);
+        }
 #endif
         float d[MB][4][4], xs[MB][4];
 #pragma unroll
@@ -248,15 +277,15 @@ w4a16_mma_gemv(const u16* __restrict__ x, const u32* __restrict__ qw, const u16*
                     const u32 lo = h ? cur.x[b][s].y : cur.x[b][s].x, hi = h ? cur.x[b][s].w : cur.x[b][s].z;
                     b0[b] = prmt(lo, hi, 0x5410);  // x[k0 + 8t + 2h], x[... + 2h + 4]
                     b1[b] = prmt(lo, hi, 0x7632);  // x[k0 + 8t + 2h + 1], x[... + 2h + 5]
-                    mma(xs[b], OFFSET_A, ONE2, ONE2, ONE2, b0[b], b1[b]);
+                    mma(xs[b], offset_a, one, one, one, b0[b], b1[b]);
                 }
 #pragma unroll
                 for (int j = 0; j < 4; ++j) {
                     const u32 w0 = cur.q[s][2 * j], w1 = cur.q[s][2 * j + 1], w08 = w0 >> 8, w18 = w1 >> 8;
-                    const u32 a0 = h ? unit_pair<2>(w0, w08) : unit_pair<0>(w0, w08);
-                    const u32 a1 = h ? unit_pair<2>(w1, w18) : unit_pair<0>(w1, w18);
-                    const u32 a2 = h ? unit_pair<3>(w0, w08) : unit_pair<1>(w0, w08);
-                    const u32 a3 = h ? unit_pair<3>(w1, w18) : unit_pair<1>(w1, w18);
+                    const u32 a0 = h ? unit_pair<2>(w0, w08, one, sixteen) : unit_pair<0>(w0, w08, one, sixteen);
+                    const u32 a1 = h ? unit_pair<2>(w1, w18, one, sixteen) : unit_pair<0>(w1, w18, one, sixteen);
+                    const u32 a2 = h ? unit_pair<3>(w0, w08, one, sixteen) : unit_pair<1>(w0, w08, one, sixteen);
+                    const u32 a3 = h ? unit_pair<3>(w1, w18, one, sixteen) : unit_pair<1>(w1, w18, one, sixteen);
 #pragma unroll
                     for (int b = 0; b < MB; ++b) mma(d[b][j], a0, a1, a2, a3, b0[b], b1[b]);
                 }
@@ -274,13 +303,20 @@ w4a16_mma_gemv(const u16* __restrict__ x, const u32* __restrict__ qw, const u16*
                 const float zr = to_float(word(cur.z, e >> 1), e & 1);
 #pragma unroll
                 for (int b = 0; b < MB; ++b) {
-                    y[b][j][2 * r] += cs * (d[b][j][2 * r] - xs[b][0]) + zr * xs[b][2];
-                    y[b][j][2 * r + 1] += cs * (d[b][j][2 * r + 1] - xs[b][1]) + zr * xs[b][3];
+                    y[b][j][2 * r] += cs * (d[b][j][2 * r] - xs[b][0]);  // two FFMAs and a FADD
+                    y[b][j][2 * r] += zr * xs[b][2];
+                    y[b][j][2 * r + 1] += cs * (d[b][j][2 * r + 1] - xs[b][1]);
+                    y[b][j][2 * r + 1] += zr * xs[b][3];
                 }
             }
         }
 #if PREFETCH
         cur = next;
+#else
+        if (more) {
+            load_weights(cur, qw, scales, zeros, N, gi + WARPS, t, col);
+            load_x(cur, x, M, K, gi + WARPS, g, t);
+        }
 #endif
     }
 
@@ -336,9 +372,10 @@ def word_decode(dtype: torch.dtype, cfg: MmaGemvConfig) -> bool:
     return cfg.word_decode and dtype == torch.float16
 
 
-def kernel_source(dtype: torch.dtype, group: int, cfg: MmaGemvConfig) -> str:
+def kernel_source(dtype: torch.dtype, group: int, cfg: MmaGemvConfig, pdl: bool = False) -> str:
     defines = {"BF16": int(dtype == torch.bfloat16), "MB": cfg.block_m // 8, "GSTEPS": group // 32,
-               "WARPS": cfg.warps, "PREFETCH": int(cfg.prefetch), "WORD_DECODE": int(word_decode(dtype, cfg))}
+               "WARPS": cfg.warps, "PREFETCH": int(cfg.prefetch), "WORD_DECODE": int(word_decode(dtype, cfg)),
+               "PDL": int(pdl)}
     return "".join(f"#define {k} {v}\n" for k, v in defines.items()) + SOURCE
 
 
@@ -363,11 +400,14 @@ def mma_gemv(x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zer
     split = -(-groups // per_cta)
     out = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
     ws, cnt = SplitKWorkspace.get(x2d.device, m * n, n // BLOCK_N) if split > 1 else (out, out)
-    kernel = nvrtc.compile_kernel(kernel_source(x2d.dtype, group, cfg),
-                                  "w4a16_mma_gemv", torch.cuda.get_device_capability(x2d.device))
+    from lmd.turbomind.kernels.pdl import pdl_enabled  # imports Triton, which the tuner has by now
+
+    pdl = pdl_enabled(x2d.device)
+    kernel = nvrtc.compile_kernel(kernel_source(x2d.dtype, group, cfg, pdl), "w4a16_mma_gemv",
+                                  torch.cuda.get_device_capability(x2d.device))
     nvrtc.launch(kernel, (n // BLOCK_N, split, 1), (32 * cfg.warps, 1, 1),
                  [x2d, qweight, scales, zeros, bias if bias is not None else out, out, ws, cnt, m, n, k, per_cta,
-                  int(bias is not None)])
+                  int(bias is not None)], pdl=pdl)
     return out
 
 

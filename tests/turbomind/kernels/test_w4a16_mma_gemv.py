@@ -87,8 +87,8 @@ def test_the_emulation_catches_a_wrong_fragment_plan(monkeypatch) -> None:
 
 def test_the_emulation_reads_the_constants_the_source_uses() -> None:
     for text in ("0x5410", "0x7632", "0x000F000Fu", "0x00F000F0u", "0x4C004C00u", "0x3C003C00u", "0x3F803F80u",
-                 "0x00780078u", "0x03C003C0u", "m16n8k16.row.col.f32", "q >> 8", "OFFSET_A, ONE2, ONE2, ONE2",
-                 "cs * (d[b][j][2 * r] - xs[b][0]) + zr * xs[b][2]"):
+                 "0x00780078u", "0x03C003C0u", "m16n8k16.row.col.f32", "q >> 8", "offset_a, one, one, one",
+                 "cs * (d[b][j][2 * r] - xs[b][0]);", "zr * xs[b][2];"):
         assert text in kernel.SOURCE, text
 
 

@@ -1,0 +1,88 @@
+"""The CUDA mma.sync W4A16 kernel compiled for sm_90 here, without a GPU (NVRTC from its wheel, Triton's cuobjdump):
+every kind of specialization builds, with the MMAs and PDL instructions it should have and no spills worth the name;
+and the launch-config structs `nvrtc` hands to cuLaunchKernelEx match cuda.h."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from lmd.turbomind.kernels import nvrtc
+from lmd.turbomind.kernels.w4a16_mma_gemv import MmaGemvConfig, kernel_source
+from tests.turbomind.kernels import nvrtc_offline
+
+SPECIALIZATIONS = [  # (dtype, group, config, pdl): both dtypes, token blocks, groups, decodes, prefetch, PDL
+    (torch.float16, 128, MmaGemvConfig(8, 4, 1, False), True),
+    (torch.float16, 128, MmaGemvConfig(8, 4, 2, True), False),
+    (torch.float16, 64, MmaGemvConfig(16, 8, 2, True), True),
+    (torch.float16, 32, MmaGemvConfig(16, 2, 1, False, False), False),
+    (torch.bfloat16, 128, MmaGemvConfig(8, 2, 4, True), True),
+    (torch.bfloat16, 128, MmaGemvConfig(16, 4, 1, False), True),
+    (torch.bfloat16, 64, MmaGemvConfig(8, 8, 1, False), False),
+]
+
+
+@pytest.fixture(scope="module")
+def offline():
+    try:
+        nvrtc_offline._nvrtc()
+        nvrtc_offline.cuobjdump()
+    except nvrtc_offline.OfflineCompilerMissing as e:
+        pytest.skip(str(e))
+
+
+@pytest.mark.parametrize("spec", SPECIALIZATIONS, ids=lambda s: f"{str(s[0])[6:]}-g{s[1]}-"
+                         f"{s[2].name().replace(' ', '_')}-pdl{int(s[3])}")
+def test_specialization_compiles_for_sm90(offline, spec) -> None:
+    dtype, group, cfg, pdl = spec
+    usage, sass = nvrtc_offline.inspect(nvrtc_offline.compile_cubin(kernel_source(dtype, group, cfg, pdl)))
+    steps, blocks = group // 32, cfg.block_m // 8
+    # per k16 step: four weight tiles and the offsets' MMA for each token block, the loop unrolled once
+    assert sass.count("HMMA.16816.F32") == steps * 2 * 5 * blocks
+    assert ("ACQBULK" in sass) == pdl  # griddepcontrol.wait
+    assert sass.count("LDG.E.EF.128") == 2 * 2 * steps  # weight words: two 16-byte streaming loads a step,
+    # issued at two places (before the loop and for the next group)
+    assert usage["STACK"] <= 16 and usage["REG"] <= 255  # at most a few scalars spilled, no arrays in local memory
+
+
+def test_compile_errors_name_the_line(offline) -> None:
+    with pytest.raises(RuntimeError, match="NVRTC: .*error"):
+        nvrtc_offline.compile_cubin(kernel_source(torch.float16, 128, MmaGemvConfig()) + "\nint broken(")
+
+
+def test_launch_structs_match_cuda_h(tmp_path: Path) -> None:
+    """sizeof/offsetof of CUlaunchAttribute and CUlaunchConfig from the cuda.h Triton ships, against the ctypes
+    mirrors (a wrong layout would hand the driver garbage on the first PDL launch)."""
+    triton = pytest.importorskip("triton")
+    include = Path(triton.__file__).parent / "backends" / "nvidia" / "include"
+    if not (include / "cuda.h").exists() or shutil.which("gcc") is None:
+        pytest.skip("needs gcc and Triton's cuda.h")
+    src = tmp_path / "layout.c"
+    src.write_text("""#include <stdio.h>
+#include <stddef.h>
+#include "cuda.h"
+int main(void) {
+    CUlaunchAttribute a;
+    printf("%zu %zu %zu %zu %zu %zu %zu %d\\n", sizeof(CUlaunchAttribute), offsetof(CUlaunchAttribute, value),
+           (size_t)((char*)&a.value.programmaticStreamSerializationAllowed - (char*)&a), sizeof(CUlaunchConfig),
+           offsetof(CUlaunchConfig, hStream), offsetof(CUlaunchConfig, attrs), offsetof(CUlaunchConfig, numAttrs),
+           (int)CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION);
+    return 0;
+}
+""")
+    subprocess.run(["gcc", f"-I{include}", str(src), "-o", str(tmp_path / "layout")], check=True)
+    c_layout = subprocess.run([str(tmp_path / "layout")], capture_output=True, text=True, check=True).stdout.split()
+    config, attr = nvrtc.pdl_launch_config((7, 5, 1), (128, 1, 1), 0x1234)
+    ours = [ctypes.sizeof(nvrtc._LaunchAttribute), nvrtc._LaunchAttribute.value.offset,
+            nvrtc._LaunchAttribute.value.offset, ctypes.sizeof(nvrtc._LaunchConfig), nvrtc._LaunchConfig.stream.offset,
+            nvrtc._LaunchConfig.attrs.offset, nvrtc._LaunchConfig.num_attrs.offset,
+            nvrtc.PROGRAMMATIC_STREAM_SERIALIZATION]
+    assert [int(v) for v in c_layout] == ours
+    flag = int.from_bytes(bytes(attr)[nvrtc._LaunchAttribute.value.offset:][:4], "little")
+    assert (attr.id, flag, config.num_attrs, config.grid_x, config.grid_y, config.stream) == (6, 1, 1, 7, 5, 0x1234)
+    assert ctypes.addressof(config.attrs.contents) == ctypes.addressof(attr)
