@@ -1,12 +1,12 @@
-"""The CUDA `mma.sync` W4A16 kernel for 1-16 token rows (`w4a16_mma_gemv`) on the GPU: correctness, then speed beside
+"""The CUDA `mma.sync` W4A16 kernel for 1-128 token rows (`w4a16_mma_gemv`) on the GPU: correctness, then speed beside
 lmd's shipped W4A16 plan for the same bucket and fp16 cuBLAS (issue 18).
 
-    python3 benchmarks/w4a16_mma_gemv_probe.py [--ms 1,4,8,16] [--shapes 12288x4096,...] [--quick]
+    python3 benchmarks/w4a16_mma_gemv_probe.py [--ms 1,4,8,16,32,64,128] [--shapes 12288x4096,...] [--quick]
 
-1. Checks: fp16 and bf16, M = 1..16 (both block sizes), groups 32/64/128, with and without bias, split and unsplit
-   launches, against `w4a16_matmul_reference` (`output_is_wrong`, the tuner's limits) and the PyTorch twin
-   (`mma_gemv_reference`); poisoned outputs; 20 CUDA-graph replays must repeat the eager result. Any failure makes the
-   exit non-zero and skips nothing else.
+1. Checks: fp16 and bf16, M = 1..128 (every block size, several token tiles), groups 32/64/128, with and without
+   bias, split and unsplit launches, against `w4a16_matmul_reference` (`output_is_wrong`, the tuner's limits) and
+   the PyTorch twin (`mma_gemv_reference`); 20 CUDA-graph replays must repeat the eager result. Any failure makes
+   the exit non-zero and skips nothing else.
 2. Timing: µs per call in a CUDA graph over weight copies worth more than L2 (as `benchmarks/kernels.py`), every
    config of `mma_gemv_configs`, beside the plan `plan_for` picks today (shipped table or tuning) and fp16 cuBLAS.
 Writes $OUT/w4a16_mma_gemv_probe.json and prints a table last.
@@ -29,16 +29,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lmd.turbomind.kernels.gpu_timing import graph_ms  # noqa: E402
 from lmd.turbomind.kernels.w4a16 import output_is_wrong, plan_for, run_plan  # noqa: E402
 from lmd.turbomind.kernels.w4a16_layout import quantize_to_engine, w4a16_matmul_reference  # noqa: E402
-from lmd.turbomind.kernels.w4a16_mma_gemv import MmaGemvConfig, mma_gemv, mma_gemv_reference  # noqa: E402
+from lmd.turbomind.kernels.w4a16_mma_gemv import (  # noqa: E402
+    MmaGemvConfig,
+    mma_gemv,
+    mma_gemv_reference,
+    tuner_configs,
+)
 
 SHAPES = "12288x4096,4096x4096,22016x4096,4096x11008"
 
 
-def all_configs(block_m: int) -> list[MmaGemvConfig]:
-    word = [MmaGemvConfig(block_m, w, gpw, pf) for w in (2, 4, 8) for gpw in (1, 2, 4, 8) for pf in (False, True)
-            if not (pf and gpw == 1)]
+def all_configs(m: int) -> list[MmaGemvConfig]:
+    """The tuner's configs for M's bucket, more groups per warp, and a few with the per-pair decode to compare."""
+    bucket = 1 << max(m - 1, 0).bit_length()
+    tuned = tuner_configs(bucket, 4096, 4096, 128)
+    block_m = tuned[0].block_m
+    more = [MmaGemvConfig(block_m, w, 8, pf) for w in (2, 4) for pf in (False, True)]
     pair = [MmaGemvConfig(block_m, w, gpw, pf, False) for w, gpw, pf in ((4, 2, True), (8, 1, False), (4, 4, True))]
-    return word + pair
+    return tuned + more + pair
 
 
 def check(failures: list[str]) -> int:
@@ -49,13 +57,16 @@ def check(failures: list[str]) -> int:
             w = torch.randn(n, k, device=dev) * 0.02
             qw, s, z = quantize_to_engine(w, group, dtype)
             bias = torch.randn(n, device=dev, dtype=dtype)
-            for m in (1, 2, 5, 8, 9, 16):
+            for m in (1, 2, 5, 8, 9, 16, 20, 32, 45, 128):
                 x = torch.randn(m, k, device=dev, dtype=dtype)
                 ref = w4a16_matmul_reference(x.float(), qw, s, z)
                 twin = mma_gemv_reference(x, qw, s, z).float()
-                for cfg in (MmaGemvConfig(8 if m <= 8 else 16, 4, 1, False), MmaGemvConfig(16, 2, 2, True),
-                            MmaGemvConfig(16, 8, 64, False), MmaGemvConfig(8 if m <= 8 else 16, 4, 2, True, False)):
-                    if m > cfg.block_m:
+                small = 8 if m <= 8 else 16
+                for cfg in (MmaGemvConfig(small, 4, 1, False), MmaGemvConfig(16, 2, 2, True),
+                            MmaGemvConfig(16, 8, 64, False), MmaGemvConfig(small, 4, 2, True, False),
+                            MmaGemvConfig(32, 4, 1, False), MmaGemvConfig(32, 2, 2, True, False),
+                            MmaGemvConfig(32, 8, 64, True)):
+                    if m > 16 and cfg.block_m < 32:
                         continue
                     for b in (None, bias):
                         cases += 1
@@ -110,7 +121,7 @@ def bench(n: int, k: int, ms: list[int], group: int, quick: bool) -> list[dict]:
         t_plan = graph_us([lambda p=p, x=x, c=plan: run_plan(c, x, *p) for p in quant])
         ref = w4a16_matmul_reference(x.float(), qw, s, z)
         timings = {}
-        configs = all_configs(8 if m <= 8 else 16)
+        configs = all_configs(m)
         if quick:
             configs = configs[::3]
         for cfg in configs:
@@ -136,7 +147,7 @@ def bench(n: int, k: int, ms: list[int], group: int, quick: bool) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--shapes", default=SHAPES)
-    parser.add_argument("--ms", default="1,4,8,16")
+    parser.add_argument("--ms", default="1,4,8,16,32,64,128")
     parser.add_argument("--group", type=int, default=128)
     parser.add_argument("--quick", action="store_true", help="a third of the configs")
     parser.add_argument("--no-bench", action="store_true")

@@ -39,11 +39,13 @@ from lmd.turbomind.kernels import nvrtc
 
 BLOCK_N = 64  # output channels per CTA (a warp's four 16-row A tiles)
 GROUPS = (32, 64, 128)  # group sizes the kernel takes (a group is whole k32 steps, unrolled)
+BLOCK_MS = (8, 16, 32)  # token rows per CTA: n8 MMA blocks of 1, 2, 4 (more rows: more token tiles in the grid)
 
 
 @dataclass(frozen=True)
 class MmaGemvConfig:
-    block_m: int = 8  # token rows a launch covers: 8 (one n8 MMA block) or 16 (two)
+    block_m: int = 8  # token rows a CTA covers: 8, 16 (one or two n8 MMA blocks, fold per group) or 32
+    # (dequantized in registers); M past it runs as more token tiles
     warps: int = 4  # warps per CTA, each on its own groups of the CTA's K range
     groups_per_warp: int = 1  # K range of a CTA = warps * groups_per_warp groups (sets split-K)
     prefetch: bool = False  # load the warp's next group while computing this one (a register double buffer)
@@ -64,11 +66,14 @@ def enabled(device: torch.device) -> bool:
     return os.environ.get("LMD_W4A16_MMA_GEMV") == "1" and device.type == "cuda" and nvrtc.available()
 
 
+MAX_BUCKET = 128  # token tiles re-read the weights (from L2 at best): past 4 tiles the tensor-core GEMMs win
+
+
 def tuner_configs(bucket: int, n: int, k: int, group: int) -> list[MmaGemvConfig]:
-    """The configs the tuner times for one bucket of up to 16 rows."""
-    if bucket > 16 or not supports(n, k, group):
+    """The configs the tuner times for one bucket of up to MAX_BUCKET rows."""
+    if bucket > MAX_BUCKET or not supports(n, k, group):
         return []
-    block_m = 8 if bucket <= 8 else 16
+    block_m = next((b for b in BLOCK_MS if b >= bucket), BLOCK_MS[-1])
     return [MmaGemvConfig(block_m, warps, per_warp, prefetch) for warps in (2, 4, 8) for per_warp in (1, 2, 4)
             for prefetch in (False, True) if not (prefetch and per_warp == 1)]
 
@@ -94,6 +99,10 @@ struct U4 { u32 x, y, z, w; };
 #else
 #define SCALE_C 16.f
 #endif
+
+// From 32 token rows on (MB >= 4) the per-group fold would need a second accumulator set: the weights are
+// dequantized in registers instead, w = (v - offset) * (C s) + z in two packed ops, and the MMA sums over all groups.
+#define SCALED (MB >= 4)
 
 __device__ __forceinline__ U4 load_stream(const void* p) {  // weights: read once, evict first
     U4 r;
@@ -142,6 +151,19 @@ __device__ __forceinline__ u32 unit_pair(u32 q, u32 q8, u32 one, u32 sixteen) {
 #endif
 }
 
+// (v - offset) * cs + z on both halves: the subtraction is exact (it leaves c / C), the FMA rounds once
+__device__ __forceinline__ u32 dequant(u32 v, u32 offset, u32 cs, u32 z) {
+    u32 r;
+#if BF16
+    asm("{.reg .b32 t;\n sub.rn.bf16x2 t, %1, %2;\n fma.rn.bf16x2 %0, t, %3, %4;}"
+        : "=r"(r) : "r"(v), "r"(offset), "r"(cs), "r"(z));
+#else
+    asm("{.reg .b32 t;\n sub.f16x2 t, %1, %2;\n fma.rn.f16x2 %0, t, %3, %4;}"
+        : "=r"(r) : "r"(v), "r"(offset), "r"(cs), "r"(z));
+#endif
+    return r;
+}
+
 __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
     u32 r;
     asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
@@ -184,7 +206,9 @@ __device__ __forceinline__ u32 word(const U4& v, int i) { return i == 0 ? v.x : 
 // 16-byte load a step and token block), and the scales and zeros of the thread's 8 channels
 struct Group {
     u32 q[GSTEPS][8];
+#if !SCALED
     U4 x[MB][GSTEPS];
+#endif
     U4 s, z;
 };
 
@@ -202,31 +226,46 @@ __device__ __forceinline__ void load_weights(Group& d, const u32* qw, const u16*
     d.z = load_cached(zeros + (u64)gi * N + col);
 }
 
+// x[m, k0 + 8t .. k0 + 8t + 7] for token row m of the thread (zeros past M)
+__device__ __forceinline__ U4 load_x_step(const u16* x, int M, int K, int m, int k0, int t) {
+    U4 r;
+    if (m < M) {
+        r = load_cached(x + (u64)m * K + k0 + 8 * t);
+    } else {
+        r.x = r.y = r.z = r.w = 0u;
+    }
+    return r;
+}
+
 __device__ __forceinline__ void load_x(Group& d, const u16* x, int M, int K, int gi, int g, int t) {
+#if !SCALED
 #pragma unroll
     for (int b = 0; b < MB; ++b) {
         const int m = b * 8 + g;
 #pragma unroll
-        for (int s = 0; s < GSTEPS; ++s) {
-            if (m < M) {
-                d.x[b][s] = load_cached(x + (u64)m * K + gi * GSTEPS * 32 + s * 32 + 8 * t);
-            } else {
-                d.x[b][s].x = d.x[b][s].y = d.x[b][s].z = d.x[b][s].w = 0u;
-            }
-        }
+        for (int s = 0; s < GSTEPS; ++s) d.x[b][s] = load_x_step(x, M, K, m, gi * GSTEPS * 32 + s * 32, t);
     }
+#endif
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 w4a16_mma_gemv(const u16* __restrict__ x, const u32* __restrict__ qw, const u16* __restrict__ scales,
                const u16* __restrict__ zeros, const u16* __restrict__ bias, u16* __restrict__ out,
-               float* __restrict__ ws, int* __restrict__ counters, int M, int N, int K, int groups_per_cta,
+               float* __restrict__ ws, int* __restrict__ counters, int rows, int N, int K, int groups_per_cta,
                int has_bias) {
+    // grid: x = token tiles of MB * 8 rows (fastest, so that the tiles of one weight block run together and the
+    // later ones find its words in L2), y = 64-channel blocks, z = K splits
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int col = blockIdx.x * 64 + 8 * g;  // the thread's 8 output channels: col .. col + 7
+    const int m0 = blockIdx.x * MB * 8;
+    const int M = rows - m0 < MB * 8 ? rows - m0 : MB * 8;  // token rows of this tile
+    x += (u64)m0 * K;
+    out += (u64)m0 * N;
+    ws += (u64)m0 * N;
+    const int tile = blockIdx.y * gridDim.x + blockIdx.x;  // the split-K counter of this (channels, tokens) tile
+    const int col = blockIdx.y * 64 + 8 * g;  // the thread's 8 output channels: col .. col + 7
     const int groups = K / (GSTEPS * 32);
-    const int first = blockIdx.y * groups_per_cta;
+    const int first = blockIdx.z * groups_per_cta;
     const int end = first + groups_per_cta < groups ? first + groups_per_cta : groups;
 
     const u32 one = opaque(ONE2), sixteen = opaque(0x4C004C00u), offset_a = WORD_DECODE ? sixteen : one;
@@ -257,6 +296,45 @@ w4a16_mma_gemv(const u16* __restrict__ x, const u32* __restrict__ qw, const u16*
             load_x(next, x, M, K, gi + WARPS, g, t);
         }
 #endif
+#if SCALED
+        u32 cs2[8], z2[8];  // per channel of the thread: C s and z in both halves
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            cs2[e] = prmt(from_float(SCALE_C * to_float(word(cur.s, e >> 1), e & 1)), 0u, 0x1010);
+            z2[e] = prmt(word(cur.z, e >> 1), 0u, e & 1 ? 0x3232 : 0x1010);
+        }
+#pragma unroll
+        for (int s = 0; s < GSTEPS; ++s) {
+            U4 xv[MB];
+#pragma unroll
+            for (int b = 0; b < MB; ++b) xv[b] = load_x_step(x, M, K, b * 8 + g, gi * GSTEPS * 32 + s * 32, t);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                u32 b0[MB], b1[MB];
+#pragma unroll
+                for (int b = 0; b < MB; ++b) {
+                    const u32 lo = h ? xv[b].y : xv[b].x, hi = h ? xv[b].w : xv[b].z;
+                    b0[b] = prmt(lo, hi, 0x5410);
+                    b1[b] = prmt(lo, hi, 0x7632);
+                }
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const u32 w0 = cur.q[s][2 * j], w1 = cur.q[s][2 * j + 1], w08 = w0 >> 8, w18 = w1 >> 8;
+                    // columns (2t, 2t + 1) hold pair 2h, whose offset is 16 under word decode; (2t + 8, ..) pair 2h + 1
+                    const u32 a0 = dequant(h ? unit_pair<2>(w0, w08, one, sixteen) : unit_pair<0>(w0, w08, one, sixteen),
+                                           offset_a, cs2[2 * j], z2[2 * j]);
+                    const u32 a1 = dequant(h ? unit_pair<2>(w1, w18, one, sixteen) : unit_pair<0>(w1, w18, one, sixteen),
+                                           offset_a, cs2[2 * j + 1], z2[2 * j + 1]);
+                    const u32 a2 = dequant(h ? unit_pair<3>(w0, w08, one, sixteen) : unit_pair<1>(w0, w08, one, sixteen),
+                                           one, cs2[2 * j], z2[2 * j]);
+                    const u32 a3 = dequant(h ? unit_pair<3>(w1, w18, one, sixteen) : unit_pair<1>(w1, w18, one, sixteen),
+                                           one, cs2[2 * j + 1], z2[2 * j + 1]);
+#pragma unroll
+                    for (int b = 0; b < MB; ++b) mma(y[b][j], a0, a1, a2, a3, b0[b], b1[b]);
+                }
+            }
+        }
+#else
         float d[MB][4][4], xs[MB][4];
 #pragma unroll
         for (int b = 0; b < MB; ++b) {
@@ -310,6 +388,7 @@ w4a16_mma_gemv(const u16* __restrict__ x, const u32* __restrict__ qw, const u16*
                 }
             }
         }
+#endif
 #if PREFETCH
         cur = next;
 #else
@@ -320,9 +399,24 @@ w4a16_mma_gemv(const u16* __restrict__ x, const u32* __restrict__ qw, const u16*
 #endif
     }
 
-    // warps of the CTA meet in shared memory: red[warp][token][channel]
-    __shared__ float red[WARPS][MB * 8][64];
     __shared__ int last_cta;
+#if SCALED
+    // warps of the CTA meet in shared memory: red[token][channel], zeroed before the first add, added atomically
+    __shared__ float red[MB * 8][64];
+    for (int i = threadIdx.x; i < MB * 8 * 64; i += WARPS * 32) red[i >> 6][i & 63] = 0.f;
+    __syncthreads();
+#pragma unroll
+    for (int b = 0; b < MB; ++b)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                if (b * 8 + 2 * t + (e & 1) < M)
+                    atomicAdd(&red[b * 8 + 2 * t + (e & 1)][8 * g + 2 * j + (e >> 1)], y[b][j][e]);
+    __syncthreads();
+#else
+    // warps of the CTA meet in shared memory: red[warp][token][channel], summed in warp order
+    __shared__ float red[WARPS][MB * 8][64];
 #pragma unroll
     for (int b = 0; b < MB; ++b)
 #pragma unroll
@@ -331,14 +425,19 @@ w4a16_mma_gemv(const u16* __restrict__ x, const u32* __restrict__ qw, const u16*
             for (int e = 0; e < 4; ++e)
                 red[warp][b * 8 + 2 * t + (e & 1)][8 * g + 2 * j + (e >> 1)] = y[b][j][e];
     __syncthreads();
-    const int split = gridDim.y > 1;
+#endif
+    const int split = gridDim.z > 1;
     for (int i = threadIdx.x; i < MB * 8 * 64; i += WARPS * 32) {
         const int m = i >> 6, c = i & 63;
         if (m >= M) continue;
+#if SCALED
+        float v = red[m][c];
+#else
         float v = 0.f;
 #pragma unroll
         for (int w = 0; w < WARPS; ++w) v += red[w][m][c];
-        const int n = blockIdx.x * 64 + c;
+#endif
+        const int n = blockIdx.y * 64 + c;
         if (split) {
             atomicAdd(ws + (u64)m * N + n, v);
         } else {
@@ -350,19 +449,19 @@ w4a16_mma_gemv(const u16* __restrict__ x, const u32* __restrict__ qw, const u16*
     // split-K: the last CTA of the column block reads the sum, zeroes the workspace, resets the counter
     __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) last_cta = atomicAdd(counters + blockIdx.x, 1) == (int)gridDim.y - 1;
+    if (threadIdx.x == 0) last_cta = atomicAdd(counters + tile, 1) == (int)gridDim.z - 1;
     __syncthreads();
     if (!last_cta) return;
     __threadfence();
     for (int i = threadIdx.x; i < MB * 8 * 64; i += WARPS * 32) {
         const int m = i >> 6, c = i & 63;
         if (m >= M) continue;
-        const int n = blockIdx.x * 64 + c;
+        const int n = blockIdx.y * 64 + c;
         float v = atomicExch(ws + (u64)m * N + n, 0.f);
         if (has_bias) v += to_float(bias[n], 0);
         out[(u64)m * N + n] = from_float(v);
     }
-    if (threadIdx.x == 0) atomicExch(counters + blockIdx.x, 0);
+    if (threadIdx.x == 0) atomicExch(counters + tile, 0);
 }
 """
 
@@ -381,14 +480,15 @@ def kernel_source(dtype: torch.dtype, group: int, cfg: MmaGemvConfig, pdl: bool 
 
 def mma_gemv(x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
              bias: torch.Tensor | None, cfg: MmaGemvConfig) -> torch.Tensor:
-    """x2d [M, K] (M <= cfg.block_m) -> [M, N] in x's dtype, on CUDA."""
+    """x2d [M, K] -> [M, N] in x's dtype, on CUDA; M past cfg.block_m runs as token tiles of block_m rows."""
+    from lmd.turbomind.kernels.pdl import pdl_enabled  # imports Triton, which the tuner has by now
     from lmd.turbomind.kernels.w4a16_epilogue import SplitKWorkspace
 
     m, k = x2d.shape
     n = qweight.shape[1]
     group = k // scales.shape[0]
-    if m > cfg.block_m or cfg.block_m not in (8, 16):
-        raise ValueError(f"mma-gemv config for M <= {cfg.block_m} (8 or 16) called with M={m}")
+    if cfg.block_m not in BLOCK_MS:
+        raise ValueError(f"mma-gemv block_m={cfg.block_m}: one of {BLOCK_MS}")
     if not supports(n, k, group):
         raise ValueError(f"mma-gemv needs N % {BLOCK_N} == 0 and a group of {GROUPS}; got N={n}, group={group}")
     if any(t.data_ptr() % 16 or not t.is_contiguous() for t in (qweight, scales, zeros)):
@@ -398,14 +498,13 @@ def mma_gemv(x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zer
     groups = k // group
     per_cta = cfg.warps * cfg.groups_per_warp
     split = -(-groups // per_cta)
+    token_tiles = -(-m // cfg.block_m)
     out = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
-    ws, cnt = SplitKWorkspace.get(x2d.device, m * n, n // BLOCK_N) if split > 1 else (out, out)
-    from lmd.turbomind.kernels.pdl import pdl_enabled  # imports Triton, which the tuner has by now
-
+    ws, cnt = (SplitKWorkspace.get(x2d.device, m * n, token_tiles * (n // BLOCK_N)) if split > 1 else (out, out))
     pdl = pdl_enabled(x2d.device)
     kernel = nvrtc.compile_kernel(kernel_source(x2d.dtype, group, cfg, pdl), "w4a16_mma_gemv",
                                   torch.cuda.get_device_capability(x2d.device))
-    nvrtc.launch(kernel, (n // BLOCK_N, split, 1), (32 * cfg.warps, 1, 1),
+    nvrtc.launch(kernel, (token_tiles, n // BLOCK_N, split), (32 * cfg.warps, 1, 1),
                  [x2d, qweight, scales, zeros, bias if bias is not None else out, out, ws, cnt, m, n, k, per_cta,
                   int(bias is not None)], pdl=pdl)
     return out

@@ -68,14 +68,37 @@ def unit_pair(i: int, q: torch.Tensor, q8: torch.Tensor, dtype: torch.dtype, wor
     return (t & mask) | one
 
 
+def dequant(v: torch.Tensor, offset: int, cs: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(v - offset) * cs + z on both halves, rounded once to dtype (sub is exact, fma rounds once): words [32]."""
+    hv, ho = _halves(v, dtype).double(), _halves(torch.tensor(offset, dtype=torch.int64), dtype).double()
+    hc, hz = _halves(cs, dtype).double(), _halves(z, dtype).double()
+    w = ((hv - ho) * hc + hz).float().to(dtype)
+    return _bits(w.reshape(32, 2))[:, 0]
+
+
+def _dup(half_words: torch.Tensor, high: bool) -> torch.Tensor:
+    """prmt(w, 0, 0x3232 | 0x1010): the high or low half of each word in both halves."""
+    h = (half_words >> 16) & 0xFFFF if high else half_words & 0xFFFF
+    return h | (h << 16)
+
+
 def run(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
         bias: torch.Tensor | None, cfg: MmaGemvConfig) -> torch.Tensor:
     """What the kernel computes for x [M, K] (fp16/bf16), as the host wrapper `mma_gemv` launches it."""
+    out = torch.empty(x.shape[0], qweight.shape[1], dtype=x.dtype)
+    for m0 in range(0, x.shape[0], cfg.block_m):  # grid x: token tiles
+        out[m0:m0 + cfg.block_m] = _token_tile(x[m0:m0 + cfg.block_m], qweight, scales, zeros, bias, cfg)
+    return out
+
+
+def _token_tile(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                bias: torch.Tensor | None, cfg: MmaGemvConfig) -> torch.Tensor:
     dtype = x.dtype
     m_rows, k = x.shape
     n = qweight.shape[1]
     group = k // scales.shape[0]
     gsteps, mb, warps = group // 32, cfg.block_m // 8, cfg.warps
+    scaled = mb >= 4
     word = word_decode(dtype, cfg)
     one2 = 0x3F803F80 if dtype == torch.bfloat16 else 0x3C003C00
     offset_a, scale_c = (0x4C004C00, 64.0) if word else (one2, 16.0)
@@ -88,6 +111,11 @@ def run(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: tor
     ws = torch.zeros(m_rows, n)
     out = torch.empty(m_rows, n, dtype=dtype)
     zero4 = torch.zeros(32, 4, dtype=torch.int64)
+
+    def x_step(m: torch.Tensor, k0: torch.Tensor) -> torch.Tensor:  # load_x_step: 4 words a lane, zeros past M
+        words = x_words[m.clamp(max=m_rows - 1)[:, None], (k0 // 2)[:, None] + torch.arange(4)]
+        return torch.where((m < m_rows)[:, None], words, zero4)
+
     for bx in range(n // BLOCK_N):
         col = bx * 64 + 8 * G  # [32]
         for by in range(split):
@@ -99,17 +127,16 @@ def run(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: tor
                 for gi in range(first + warp, end, warps):
                     q = [q_all[(gi * gsteps * 4 + s * 4 + T)[:, None], col[:, None] + torch.arange(8)]
                          for s in range(gsteps)]  # [32, 8] words a step
-                    xv = []
-                    for b in range(mb):
-                        m = b * 8 + G
-                        rows = []
-                        for s in range(gsteps):
-                            k0 = gi * gsteps * 32 + s * 32 + 8 * T  # x element offset, 4 words from k0 / 2
-                            words = x_words[m.clamp(max=m_rows - 1)[:, None], (k0 // 2)[:, None] + torch.arange(4)]
-                            rows.append(torch.where((m < m_rows)[:, None], words, zero4))
-                        xv.append(rows)
+                    xv = [[x_step(b * 8 + G, gi * gsteps * 32 + s * 32 + 8 * T) for s in range(gsteps)]
+                          for b in range(mb)]
                     s_lo = s_words[gi, (col // 2)[:, None] + torch.arange(4)]  # [32, 4] words
                     z_lo = z_words[gi, (col // 2)[:, None] + torch.arange(4)]
+                    sc = _halves(s_lo, dtype).reshape(32, 8)
+                    zr = _halves(z_lo, dtype).reshape(32, 8)
+                    if scaled:
+                        cs2 = [_bits((scale_c * sc[:, e]).to(dtype).repeat_interleave(2).reshape(32, 2))[:, 0]
+                               for e in range(8)]
+                        z2 = [_dup(z_lo[:, e >> 1], bool(e & 1)) for e in range(8)]
                     d = torch.zeros(mb, 4, 32, 4)
                     xs = torch.zeros(mb, 32, 4)
                     for s in range(gsteps):
@@ -120,18 +147,28 @@ def run(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: tor
                                 hi = xv[b][s][:, 3 if h else 2]
                                 b0.append(prmt(lo, hi, 0x5410))
                                 b1.append(prmt(lo, hi, 0x7632))
-                                ones = [torch.full((32,), v, dtype=torch.int64) for v in (offset_a, one2, one2, one2)]
-                                xs[b] = mma(xs[b], ones, [b0[b], b1[b]], dtype)
+                                if not scaled:
+                                    ones = [torch.full((32,), v, dtype=torch.int64)
+                                            for v in (offset_a, one2, one2, one2)]
+                                    xs[b] = mma(xs[b], ones, [b0[b], b1[b]], dtype)
                             for j in range(4):
                                 w0, w1 = q[s][:, 2 * j], q[s][:, 2 * j + 1]
                                 w08, w18 = w0 >> 8, w1 >> 8
                                 a = [unit_pair(2 * h, w0, w08, dtype, word), unit_pair(2 * h, w1, w18, dtype, word),
                                      unit_pair(2 * h + 1, w0, w08, dtype, word),
                                      unit_pair(2 * h + 1, w1, w18, dtype, word)]
+                                if scaled:
+                                    a = [dequant(a[0], offset_a, cs2[2 * j], z2[2 * j], dtype),
+                                         dequant(a[1], offset_a, cs2[2 * j + 1], z2[2 * j + 1], dtype),
+                                         dequant(a[2], one2, cs2[2 * j], z2[2 * j], dtype),
+                                         dequant(a[3], one2, cs2[2 * j + 1], z2[2 * j + 1], dtype)]
                                 for b in range(mb):
-                                    d[b, j] = mma(d[b, j], a, [b0[b], b1[b]], dtype)
-                    sc = _halves(s_lo, dtype).reshape(32, 8)
-                    zr = _halves(z_lo, dtype).reshape(32, 8)
+                                    if scaled:
+                                        y[b, j] = mma(y[b, j], a, [b0[b], b1[b]], dtype)
+                                    else:
+                                        d[b, j] = mma(d[b, j], a, [b0[b], b1[b]], dtype)
+                    if scaled:
+                        continue
                     for j in range(4):
                         for r in range(2):
                             e = 2 * j + r

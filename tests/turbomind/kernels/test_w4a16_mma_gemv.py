@@ -55,6 +55,10 @@ CASES = [  # (n, k, group, m, config): unsplit and split-K launches, both token 
     (128, 384, 64, 11, MmaGemvConfig(16, 2, 1)),
     (64, 512, 128, 16, MmaGemvConfig(16, 4, 64)),
     (192, 640, 128, 3, MmaGemvConfig(8, 2, 2, True)),  # 5 groups over CTAs of 4: a short last CTA
+    (64, 512, 128, 20, MmaGemvConfig(32, 2, 1)),  # dequantized in registers, shared-memory atomics
+    (128, 384, 64, 32, MmaGemvConfig(32, 4, 1, True, False)),
+    (64, 256, 32, 70, MmaGemvConfig(32, 2, 2, True)),  # three token tiles, the last of 6 rows
+    (64, 256, 128, 40, MmaGemvConfig(16, 2, 1)),  # three token tiles of the folding kernel
 ]
 
 
@@ -104,8 +108,8 @@ def test_wrapper_rejects_what_the_kernel_cannot_take() -> None:
     with pytest.raises(ValueError, match="N % 64"):
         mma_gemv(torch.randn(1, 256, dtype=torch.float16), qweight, scales, zeros, None, MmaGemvConfig())
     qweight, scales, zeros = _weights(64, 256, 128, torch.float16)
-    with pytest.raises(ValueError, match="M <= 8"):
-        mma_gemv(torch.randn(9, 256, dtype=torch.float16), qweight, scales, zeros, None, MmaGemvConfig(8))
+    with pytest.raises(ValueError, match="block_m=24"):
+        mma_gemv(torch.randn(9, 256, dtype=torch.float16), qweight, scales, zeros, None, MmaGemvConfig(24))
     assert not kernel.supports(128, 256, 256) and kernel.supports(128, 256, 64)
 
 
@@ -118,12 +122,13 @@ def test_cpu_machines_neither_compile_nor_offer_it(monkeypatch) -> None:
         nvrtc.compile_kernel(kernel.SOURCE, "w4a16_mma_gemv", (9, 0))
 
 
-def test_tuner_configs_cover_buckets_up_to_16() -> None:
-    assert kernel.tuner_configs(32, 4096, 4096, 128) == []
+def test_tuner_configs_cover_buckets_up_to_128() -> None:
+    assert kernel.tuner_configs(256, 4096, 4096, 128) == []
     assert kernel.tuner_configs(4, 4096, 4096, 256) == []
-    small, large = kernel.tuner_configs(4, 4096, 4096, 128), kernel.tuner_configs(16, 4096, 4096, 128)
-    assert {c.block_m for c in small} == {8} and {c.block_m for c in large} == {16}
-    assert len({c.name() for c in large}) == len(large) > 10
+    blocks = {bucket: {c.block_m for c in kernel.tuner_configs(bucket, 4096, 4096, 128)} for bucket in (4, 16, 32, 128)}
+    assert blocks == {4: {8}, 16: {16}, 32: {32}, 128: {32}}
+    configs = kernel.tuner_configs(16, 4096, 4096, 128)
+    assert len({c.name() for c in configs}) == len(configs) > 10
 
 
 def test_the_dispatcher_offers_it_only_when_enabled(monkeypatch) -> None:
@@ -135,4 +140,4 @@ def test_the_dispatcher_offers_it_only_when_enabled(monkeypatch) -> None:
     monkeypatch.setattr(kernel, "enabled", lambda device: True)
     offered = [p for p in w4a16.candidates(8, 4096, 4096, 128, cpu) if isinstance(p, MmaGemvConfig)]
     assert offered == kernel.tuner_configs(8, 4096, 4096, 128)
-    assert not any(isinstance(p, MmaGemvConfig) for p in w4a16.candidates(64, 4096, 4096, 128, cpu))
+    assert not any(isinstance(p, MmaGemvConfig) for p in w4a16.candidates(256, 4096, 4096, 128, cpu))
