@@ -9,7 +9,7 @@ On CUDA tensors with Triton present (or under TRITON_INTERPRET=1) the token coun
                    nibbles decoded straight into the MMA fragment ("frag")
                                                        (w4a16_gemm_wt; the usual winner from M = 2 to 128)
     M >= 128    -> Triton dequant, then cuBLAS         (w4a16_dequant)
-    M <= 16     -> warp-level mma.sync in CUDA C++ (NVRTC), opt-in with LMD_W4A16_MMA_GEMV=1 until it has run on
+    M <= 128    -> warp-level mma.sync in CUDA C++ (NVRTC), opt-in with LMD_W4A16_MMA_GEMV=1 until it has run on
                    a GPU                              (w4a16_mma_gemv)
 and the measured fastest wins (H200 figures: docs/benchmarks.md). fp16/bf16 activations; other dtypes, CPU tensors
 and machines without Triton take the PyTorch reference. On a GPU the plan of each (bucket, N, K, group, dtype) is
