@@ -305,8 +305,9 @@ def plan_for(m: int, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.T
 
 def resolve_plan(key: PlanKey, device: torch.device, gpu: str | None, can_tune: bool,
                  tune_fn: Callable[[list[Plan]], tuple[Plan, list[tuple[str, float]]]]) -> Plan:
-    """A GPU's plan from the on-disk cache, else from the table shipped for that GPU (`w4a16_shipped_plans`), else
-    from tuning the candidates (then cached under a fingerprint of that same list), else the untuned default."""
+    """A GPU's plan from the on-disk cache, else from the table shipped for that GPU (`w4a16_shipped_plans`; with
+    opt-in candidates its tuning never saw, they are tuned against its winner alone), else from tuning the
+    candidates (then cached under a fingerprint of the whole list), else the untuned default."""
     if gpu is None:
         return default_plan(key.bucket, key.n, key.k, key.group, device)
     plans = candidates(key.bucket, key.n, key.k, key.group, device)
@@ -319,8 +320,11 @@ def resolve_plan(key: PlanKey, device: torch.device, gpu: str | None, can_tune: 
         if cached is not None:
             return cached
         shipped = shipped_plans.lookup(gpu, key.bucket, key.n, key.k, key.group, dtype, plans)
-        if shipped is not None:
+        unjudged = shipped_plans.unjudged(gpu, plans)
+        if shipped is not None and (not unjudged or not can_tune):
             return shipped
+        if shipped is not None:  # the table's winner stands for the families it was tuned over
+            plans = [shipped, *unjudged]
     if not can_tune:
         return default_plan(key.bucket, key.n, key.k, key.group, device)
     plan, TUNE_LOG[key] = tune_fn(plans)

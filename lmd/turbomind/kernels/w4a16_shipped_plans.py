@@ -9,10 +9,10 @@ of such a run (`benchmarks/w4a16_tune.py`, which writes this format) live in `w4
 
 A shipped plan is used where the on-disk cache of plans tuned on this machine (`w4a16_plan_cache`) has none and only
 if its name is still one of the candidates lmd would tune (a changed candidate list or kernel then tunes again), on
-a GPU of that exact name and a Triton of the same minor version, and only if its tuning offered every opt-in kernel
-family the candidates hold now (`opt_in`; a table tuned without `mma-gemv` does not decide between it and the
-rest). Shapes, dtypes or group sizes the table lacks tune
-as before. `LMD_W4A16_PLAN_CACHE=0` (always tune) ignores the tables too.
+a GPU of that exact name and a Triton of the same minor version, and only as the winner of the families its tuning
+offered: candidates of an opt-in family the table's tuning did not offer (`opt_in`) are tuned against that winner
+alone. Shapes, dtypes or group sizes the table lacks tune as before. `LMD_W4A16_PLAN_CACHE=0` (always tune) ignores
+the tables too.
 """
 
 from __future__ import annotations
@@ -57,14 +57,20 @@ def _table(gpu: str, triton_version: str) -> tuple[dict[str, str], frozenset[str
 
 
 def lookup(gpu: str, bucket: int, n: int, k: int, group: int, dtype: str, candidates: Sequence[Any]) -> Any | None:
-    """The candidate whose name the table holds for this shape on this GPU, or None."""
+    """The candidate whose name the table holds for this shape on this GPU, or None. The table's winner among the
+    families it was tuned over: see `unjudged` for the opt-in families among the candidates it never saw."""
     import triton
 
-    plans, offered = _table(gpu, triton.__version__)
-    if {family(p.name()) for p in candidates} & set(OPT_IN_FAMILIES) - offered:
-        return None
-    name = plans.get(entry_key(bucket, n, k, group, dtype))
+    name = _table(gpu, triton.__version__)[0].get(entry_key(bucket, n, k, group, dtype))
     return next((plan for plan in candidates if plan.name() == name), None) if name else None
+
+
+def unjudged(gpu: str, candidates: Sequence[Any]) -> list[Any]:
+    """The candidates of opt-in families the table's tuning did not offer (the table cannot have chosen them)."""
+    import triton
+
+    offered = _table(gpu, triton.__version__)[1]
+    return [p for p in candidates if family(p.name()) in OPT_IN_FAMILIES and family(p.name()) not in offered]
 
 
 def table_json(gpu: str, triton_version: str, source: str, plans: dict[str, str],

@@ -106,10 +106,33 @@ def test_a_table_tuned_without_an_opt_in_family_does_not_judge_it(tmp_path, monk
     plan, mma = GemvConfig(512, 2, 51, 4, 1, 1), MmaGemvConfig(8, 4, 2, True)
     key = shipped.entry_key(1, 64, 256, 128, "float16")
     shipped.table_file("Some GPU 9").write_text(shipped.table_json("Some GPU 9", "3.6.2", "t", {key: plan.name()}))
-    assert shipped.lookup("Some GPU 9", 1, 64, 256, 128, "float16", [plan]) is plan
-    assert shipped.lookup("Some GPU 9", 1, 64, 256, 128, "float16", [plan, mma]) is None
+    assert shipped.lookup("Some GPU 9", 1, 64, 256, 128, "float16", [plan, mma]) is plan
+    assert shipped.unjudged("Some GPU 9", [plan, mma]) == [mma]
     shipped._table.cache_clear()
     shipped.table_file("Some GPU 9").write_text(
         shipped.table_json("Some GPU 9", "3.6.2", "t", {key: mma.name()}, opt_in=["mma-gemv"]))
     assert shipped.lookup("Some GPU 9", 1, 64, 256, 128, "float16", [plan, mma]) is mma
+    assert shipped.unjudged("Some GPU 9", [plan, mma]) == []
     shipped._table.cache_clear()
+
+
+def test_opt_in_candidates_are_tuned_against_the_tables_winner_alone(tmp_path, monkeypatch) -> None:
+    from lmd.turbomind.kernels import w4a16_mma_gemv
+    from lmd.turbomind.kernels.w4a16_mma_gemv import MmaGemvConfig
+
+    key = w4a16.PlanKey(16, 12288, 4096, 128, torch.float16, "cuda:0")
+    monkeypatch.setattr(w4a16_mma_gemv, "enabled", lambda device: True)
+    winner = tables()[0]["plans"]["m16 n12288 k4096 g128 float16"]
+    timed = []
+
+    def tune(plans):
+        timed.append([p.name() for p in plans])
+        return plans[-1], []
+
+    chosen = w4a16.resolve_plan(key, CUDA, GPU, True, tune)
+    assert timed[0][0] == winner and len(timed[0]) > 10
+    assert all(name.startswith("mma-gemv") for name in timed[0][1:])
+    assert isinstance(chosen, MmaGemvConfig)
+    assert w4a16.resolve_plan(key, CUDA, GPU, True, tune) == chosen and len(timed) == 1  # cached on disk
+    monkeypatch.setenv("LMD_CACHE_DIR", str(tmp_path / "fresh"))
+    assert w4a16.resolve_plan(key, CUDA, GPU, False, tune).name() == winner  # cannot tune: the table's plan
