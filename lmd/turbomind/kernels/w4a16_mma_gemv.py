@@ -41,9 +41,11 @@ lane-level emulation of this source (tests/turbomind/kernels/mma_gemv_lanes.py) 
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -105,6 +107,11 @@ def kernel_source(dtype: torch.dtype, group: int, cfg: MmaGemvConfig, pdl: bool 
     return "".join(f"#define {k} {v}\n" for k, v in defines.items()) + SOURCE
 
 
+@functools.cache
+def _kernel(dtype: torch.dtype, group: int, cfg: MmaGemvConfig, pdl: bool, capability: tuple[int, int]) -> Any:
+    return nvrtc.compile_kernel(kernel_source(dtype, group, cfg, pdl), "w4a16_mma_gemv", capability)
+
+
 def mma_gemv(x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
              bias: torch.Tensor | None, cfg: MmaGemvConfig) -> torch.Tensor:
     """x2d [M, K] -> [M, N] in x's dtype, on CUDA; M past cfg.block_m runs as token tiles of block_m rows."""
@@ -129,8 +136,7 @@ def mma_gemv(x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zer
     out = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
     ws, cnt = (SplitKWorkspace.get(x2d.device, m * n, token_tiles * (n // BLOCK_N)) if split > 1 else (out, out))
     pdl = pdl_enabled(x2d.device)
-    kernel = nvrtc.compile_kernel(kernel_source(x2d.dtype, group, cfg, pdl), "w4a16_mma_gemv",
-                                  torch.cuda.get_device_capability(x2d.device))
+    kernel = _kernel(x2d.dtype, group, cfg, pdl, torch.cuda.get_device_capability(x2d.device))
     nvrtc.launch(kernel, (token_tiles, n // BLOCK_N, split), (32 * cfg.warps, 1, 1),
                  [x2d, qweight, scales, zeros, bias if bias is not None else out, out, ws, cnt, m, n, k, per_cta,
                   int(bias is not None)], pdl=pdl)
