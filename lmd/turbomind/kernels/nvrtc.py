@@ -21,20 +21,32 @@ class NvrtcUnavailable(RuntimeError):
 
 @functools.cache
 def available() -> bool:
-    """Whether run-time compilation can work here: a CUDA device and torch's NVRTC helpers."""
+    """Whether run-time compilation can work here: a CUDA device, torch's NVRTC helpers and the driver library."""
     if not torch.cuda.is_available():
         return False
     try:
         from torch.cuda import _utils
-
-        return hasattr(_utils, "_nvrtc_compile") and hasattr(_utils, "_cuda_load_module")
     except ImportError:
         return False
+    if not (hasattr(_utils, "_nvrtc_compile") and hasattr(_utils, "_cuda_load_module")):
+        return False
+    try:
+        _libcuda()
+    except OSError:
+        return False
+    return True
 
 
 @functools.cache
-def _build(source: str, name: str, capability: tuple[int, int]) -> Any:
-    """The kernel handle, or the exception building it raised (a failure is remembered, not retried per call)."""
+def _libcuda() -> ctypes.CDLL:
+    """The CUDA driver library (cuLaunchKernelEx), loaded once."""
+    return ctypes.CDLL("libcuda.so.1")
+
+
+@functools.cache
+def _build(source: str, name: str, capability: tuple[int, int], device: int) -> Any:
+    """The kernel handle, or the exception building it raised (a failure is remembered, not retried per call).
+    Called with `device` current: the module loads into that device's context."""
     from torch.cuda import _utils
 
     try:
@@ -46,12 +58,14 @@ def _build(source: str, name: str, capability: tuple[int, int]) -> Any:
         return NvrtcUnavailable(f"NVRTC could not build {name}: {type(e).__name__}: {e}")
 
 
-def compile_kernel(source: str, name: str, capability: tuple[int, int]) -> Any:
-    """The `extern "C"` kernel `name` of `source`, built for compute capability `capability` (cached per process).
-    Returns torch's kernel handle (launch it with `launch`); raises NvrtcUnavailable where it cannot be built."""
+def compile_kernel(source: str, name: str, capability: tuple[int, int], device: int = 0) -> Any:
+    """The `extern "C"` kernel `name` of `source`, built for compute capability `capability` and loaded on CUDA
+    device `device` (cached per process). Returns torch's kernel handle (launch it with `launch` while that device is
+    current); raises NvrtcUnavailable where it cannot be built."""
     if not available():
         raise NvrtcUnavailable("this torch build has no run-time CUDA compiler (NVRTC)")
-    kernel = _build(source, name, capability)
+    with torch.cuda.device(device):
+        kernel = _build(source, name, capability, device)
     if isinstance(kernel, NvrtcUnavailable):
         raise kernel
     return kernel
@@ -97,15 +111,15 @@ def _kernel_params(args: list[Any]) -> tuple[ctypes.Array, list[Any]]:
 
 def launch(kernel: Any, grid: tuple[int, int, int], block: tuple[int, int, int], args: list[Any],
            pdl: bool = False) -> None:
-    """Launch on the current stream (a CUDA graph capture records it). Tensors pass as pointers, ints as int32.
-    With `pdl`, through cuLaunchKernelEx with programmatic stream serialization (sm_90)."""
+    """Launch on the current stream of the current device (a CUDA graph capture records it; the caller makes the
+    kernel's device current). Tensors pass as pointers, ints as int32. With `pdl`, through cuLaunchKernelEx with
+    programmatic stream serialization (sm_90)."""
     stream = torch.cuda.current_stream()
     if not pdl:
         kernel(grid=grid, block=block, args=args, shared_mem=0, stream=stream)
         return
-    from torch.cuda import _utils
-
-    libcuda = _utils._get_gpu_runtime_library()
     config, _attr = pdl_launch_config(grid, block, stream.cuda_stream)
     params, _values = _kernel_params(args)
-    _utils._check_cuda(libcuda.cuLaunchKernelEx(ctypes.byref(config), kernel.func, params, None))
+    result = _libcuda().cuLaunchKernelEx(ctypes.byref(config), kernel.func, params, None)
+    if result:
+        raise RuntimeError(f"cuLaunchKernelEx failed with CUDA error {result}")

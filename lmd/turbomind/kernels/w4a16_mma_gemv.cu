@@ -26,15 +26,19 @@ struct U4 { u32 x, y, z, w; };
 // dequantized in registers instead, w = (v - offset) * (C s) + z in two packed ops, and the MMA sums over all groups.
 #define SCALED (MB >= 4)
 
-__device__ __forceinline__ U4 load_stream(const void* p) {  // weights: read once, evict first
+// weights: read-only for the kernel's life, kept out of L1 (read once per CTA); L2 keeps them for the next token tile
+__device__ __forceinline__ U4 load_weight(const void* p) {
     U4 r;
-    asm volatile("ld.global.cs.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
     return r;
 }
 
-__device__ __forceinline__ U4 load_cached(const void* p) {  // activations, scales, zeros: shared by many CTAs
+// x: the previous kernel's output, which under PDL may still be in flight when this kernel starts, so an ordinary
+// (coherent) load after griddepcontrol.wait, never the non-coherent path
+__device__ __forceinline__ U4 load_activation(const void* p) {
     U4 r;
-    asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
     return r;
 }
 
@@ -157,19 +161,19 @@ __device__ __forceinline__ void load_weights(Group& d, const u32* qw, const u16*
 #pragma unroll
     for (int s = 0; s < GSTEPS; ++s) {
         const u32* p = qw + (u64)(gi * GSTEPS * 4 + s * 4 + t) * N + col;
-        const U4 lo = load_stream(p), hi = load_stream(p + 4);
+        const U4 lo = load_weight(p), hi = load_weight(p + 4);
         d.q[s][0] = lo.x; d.q[s][1] = lo.y; d.q[s][2] = lo.z; d.q[s][3] = lo.w;
         d.q[s][4] = hi.x; d.q[s][5] = hi.y; d.q[s][6] = hi.z; d.q[s][7] = hi.w;
     }
-    d.s = load_cached(scales + (u64)gi * N + col);
-    d.z = load_cached(zeros + (u64)gi * N + col);
+    d.s = load_weight(scales + (u64)gi * N + col);
+    d.z = load_weight(zeros + (u64)gi * N + col);
 }
 
 // x[m, k0 + 8t .. k0 + 8t + 7] for token row m of the thread (zeros past M)
 __device__ __forceinline__ U4 load_x_step(const u16* x, int M, int K, int m, int k0, int t) {
     U4 r;
     if (m < M) {
-        r = load_cached(x + (u64)m * K + k0 + 8 * t);
+        r = load_activation(x + (u64)m * K + k0 + 8 * t);
     } else {
         r.x = r.y = r.z = r.w = 0u;
     }
@@ -242,11 +246,15 @@ w4a16_mma_gemv(const u16* __restrict__ x, const u32* __restrict__ qw, const u16*
             cs2[e] = prmt(from_float(SCALE_C * to_float(word(cur.s, e >> 1), e & 1)), 0u, 0x1010);
             z2[e] = prmt(word(cur.z, e >> 1), 0u, e & 1 ? 0x3232 : 0x1010);
         }
+        U4 xv[MB], xn[MB];  // this step's x and the next one's, loaded a step ahead
+#pragma unroll
+        for (int b = 0; b < MB; ++b) xv[b] = load_x_step(x, M, K, b * 8 + g, gi * GSTEPS * 32, t);
 #pragma unroll
         for (int s = 0; s < GSTEPS; ++s) {
-            U4 xv[MB];
+            if (s + 1 < GSTEPS) {
 #pragma unroll
-            for (int b = 0; b < MB; ++b) xv[b] = load_x_step(x, M, K, b * 8 + g, gi * GSTEPS * 32 + s * 32, t);
+                for (int b = 0; b < MB; ++b) xn[b] = load_x_step(x, M, K, b * 8 + g, gi * GSTEPS * 32 + s * 32 + 32, t);
+            }
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 u32 b0[MB], b1[MB];
@@ -268,6 +276,10 @@ w4a16_mma_gemv(const u16* __restrict__ x, const u32* __restrict__ qw, const u16*
 #pragma unroll
                     for (int b = 0; b < MB; ++b) mma(y[b][j], a[0], a[1], a[2], a[3], b0[b], b1[b]);
                 }
+            }
+            if (s + 1 < GSTEPS) {
+#pragma unroll
+                for (int b = 0; b < MB; ++b) xv[b] = xn[b];
             }
         }
 #else
@@ -323,7 +335,7 @@ w4a16_mma_gemv(const u16* __restrict__ x, const u32* __restrict__ qw, const u16*
         }
 #endif
 #if PREFETCH
-        cur = next;
+        if (more) cur = next;
 #else
         if (more) {
             load_weights(cur, qw, scales, zeros, N, gi + WARPS, t, col);

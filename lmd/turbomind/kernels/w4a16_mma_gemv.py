@@ -108,8 +108,10 @@ def kernel_source(dtype: torch.dtype, group: int, cfg: MmaGemvConfig, pdl: bool 
 
 
 @functools.cache
-def _kernel(dtype: torch.dtype, group: int, cfg: MmaGemvConfig, pdl: bool, capability: tuple[int, int]) -> Any:
-    return nvrtc.compile_kernel(kernel_source(dtype, group, cfg, pdl), "w4a16_mma_gemv", capability)
+def _kernel(dtype: torch.dtype, group: int, cfg: MmaGemvConfig, pdl: bool, device: int) -> Any:
+    """The compiled kernel, loaded into `device`'s context (a module belongs to the context current at its load)."""
+    return nvrtc.compile_kernel(kernel_source(dtype, group, cfg, pdl), "w4a16_mma_gemv",
+                                torch.cuda.get_device_capability(device), device)
 
 
 def mma_gemv(x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
@@ -121,14 +123,19 @@ def mma_gemv(x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zer
     m, k = x2d.shape
     n = qweight.shape[1]
     group = k // scales.shape[0]
+    if x2d.dtype not in (torch.float16, torch.bfloat16) or any(
+            t is not None and t.dtype != x2d.dtype for t in (scales, zeros, bias)) or qweight.dtype != torch.int32:
+        raise ValueError("mma-gemv takes fp16/bf16 x with scales, zeros and bias of x's dtype and int32 qweight")
     if cfg.block_m not in BLOCK_MS:
         raise ValueError(f"mma-gemv block_m={cfg.block_m}: one of {BLOCK_MS}")
     if not supports(n, k, group):
         raise ValueError(f"mma-gemv needs N % {BLOCK_N} == 0 and a group of {GROUPS}; got N={n}, group={group}")
     if any(t.data_ptr() % 16 or not t.is_contiguous() for t in (qweight, scales, zeros)):
         raise ValueError("mma-gemv reads qweight, scales and zeros as contiguous 16-byte vectors")
-    if x2d.data_ptr() % 16:  # x likewise; a view at an odd offset is copied
-        x2d = x2d.clone()
+    if x2d.data_ptr() % 16 or not x2d.is_contiguous():  # x likewise; a view at an odd offset is copied
+        x2d = x2d.contiguous().clone()
+    if bias is not None:
+        bias = bias.contiguous()
     groups = k // group
     per_cta = cfg.warps * cfg.groups_per_warp
     split = -(-groups // per_cta)
@@ -136,10 +143,12 @@ def mma_gemv(x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zer
     out = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
     ws, cnt = (SplitKWorkspace.get(x2d.device, m * n, token_tiles * (n // BLOCK_N)) if split > 1 else (out, out))
     pdl = pdl_enabled(x2d.device)
-    kernel = _kernel(x2d.dtype, group, cfg, pdl, torch.cuda.get_device_capability(x2d.device))
-    nvrtc.launch(kernel, (token_tiles, n // BLOCK_N, split), (32 * cfg.warps, 1, 1),
-                 [x2d, qweight, scales, zeros, bias if bias is not None else out, out, ws, cnt, m, n, k, per_cta,
-                  int(bias is not None)], pdl=pdl)
+    device = x2d.device.index if x2d.device.index is not None else torch.cuda.current_device()
+    kernel = _kernel(x2d.dtype, group, cfg, pdl, device)
+    with torch.cuda.device(device):
+        nvrtc.launch(kernel, (token_tiles, n // BLOCK_N, split), (32 * cfg.warps, 1, 1),
+                     [x2d, qweight, scales, zeros, bias if bias is not None else out, out, ws, cnt, m, n, k, per_cta,
+                      int(bias is not None)], pdl=pdl)
     return out
 
 

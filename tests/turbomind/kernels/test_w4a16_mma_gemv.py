@@ -108,6 +108,8 @@ def test_wrapper_rejects_what_the_kernel_cannot_take() -> None:
     with pytest.raises(ValueError, match="N % 64"):
         mma_gemv(torch.randn(1, 256, dtype=torch.float16), qweight, scales, zeros, None, MmaGemvConfig())
     qweight, scales, zeros = _weights(64, 256, 128, torch.float16)
+    with pytest.raises(ValueError, match="fp16/bf16 x"):
+        mma_gemv(torch.randn(1, 256, dtype=torch.bfloat16), qweight, scales, zeros, None, MmaGemvConfig())
     with pytest.raises(ValueError, match="block_m=24"):
         mma_gemv(torch.randn(9, 256, dtype=torch.float16), qweight, scales, zeros, None, MmaGemvConfig(24))
     assert not kernel.supports(128, 256, 256) and kernel.supports(128, 256, 64)
@@ -119,7 +121,7 @@ def test_cpu_machines_neither_compile_nor_offer_it(monkeypatch) -> None:
         pytest.skip("a CUDA machine")
     assert not nvrtc.available() and not kernel.enabled(torch.device("cpu"))
     with pytest.raises(nvrtc.NvrtcUnavailable):
-        nvrtc.compile_kernel(kernel.SOURCE, "w4a16_mma_gemv", (9, 0))
+        nvrtc.compile_kernel(kernel.SOURCE, "w4a16_mma_gemv", (9, 0), 0)
 
 
 def test_tuner_configs_cover_buckets_up_to_128() -> None:
