@@ -20,12 +20,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from lmd.turbomind.kernels import nvrtc  # noqa: E402
 from lmd.turbomind.kernels.w4a16 import default_plan, m_bucket, prewarm, run_plan, w4a16_linear  # noqa: E402
 from lmd.turbomind.kernels.w4a16_dequant import DequantConfig  # noqa: E402
 from lmd.turbomind.kernels.w4a16_gemm import GemmConfig  # noqa: E402
 from lmd.turbomind.kernels.w4a16_gemm_wt import WtGemmConfig  # noqa: E402
 from lmd.turbomind.kernels.w4a16_gemv import GemvConfig  # noqa: E402
 from lmd.turbomind.kernels.w4a16_layout import quantize_to_engine, w4a16_matmul_reference  # noqa: E402
+from lmd.turbomind.kernels.w4a16_mma_gemv import MmaGemvConfig  # noqa: E402
 
 SHAPES = ((4096, 4096), (11008, 4096), (4096, 11008), (12288, 4096))  # (N out, K in), Llama-7B
 MS = (1, 2, 3, 7, 16, 33, 64, 128, 256, 2048)
@@ -64,6 +66,11 @@ def paths_for(m: int) -> list:
         plans.append(WtGemmConfig(block_n=64, block_m=128, block_k=64, num_warps=4, num_stages=3, decode="frag-x"))
     if m >= 16:
         plans.append(DequantConfig())
+    if m <= 128 and nvrtc.available():  # the CUDA mma.sync kernel (opt-in in the tuner, always checked here)
+        block_m = next((b for b in (8, 16, 32) if b >= m), 32)
+        plans.append(MmaGemvConfig(block_m, 4, 1, False))
+        plans.append(MmaGemvConfig(block_m, 2, 4, True))
+        plans.append(MmaGemvConfig(block_m, 8, 2, True, False))
     return plans
 
 
@@ -77,7 +84,7 @@ def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="one shape, one group")
-    parser.add_argument("--only", help="only plans whose name starts with this (gemv, gemm, wt, dequant)")
+    parser.add_argument("--only", help="only plans whose name starts with this (gemv, gemm, wt, dequant, mma-gemv)")
     parser.add_argument("--no-graphs", action="store_true", help="skip the CUDA-graph replays after prewarm")
     args = parser.parse_args()
     torch.manual_seed(0)

@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lmd.turbomind.kernels.gpu_timing import graph_ms  # noqa: E402
 from lmd.turbomind.kernels.w4a16 import TUNE_LOG, plan_for, plan_key, run_plan  # noqa: E402
 from lmd.turbomind.kernels.w4a16_layout import dequantize, engine_to_awq, quantize_to_engine  # noqa: E402
+from lmd.turbomind.kernels.w4a16_mma_gemv import launch_shape  # noqa: E402
 
 AWQ_KERNELS = "lmdeploy/pytorch/kernels/cuda/awq_kernels.py"
 
@@ -80,9 +81,12 @@ def load_lmdeploy_awq(peers: Path, log: list) -> ModuleType | None:
     return module
 
 
-def programs(plan, m: int, n: int, k: int) -> int:
+def programs(plan, m: int, n: int, k: int, group: int) -> int:
     """Programs (CTAs) the plan launches; over the SM count that is the number of waves if one program fits per SM."""
     name = type(plan).__name__
+    if name == "MmaGemvConfig":
+        tiles, blocks, split = launch_shape(plan, m, n, k, group)
+        return tiles * blocks * split
     if name == "GemvConfig":
         return -(-n // plan.block_n) * plan.split_k
     if name in ("GemmConfig", "WtGemmConfig"):
@@ -143,7 +147,7 @@ def bench_shape(n: int, k: int, ms: list[int], group: int, log: list, awq: Modul
                    lmdeploy_awq_us=t_lmdeploy, vs_lmdeploy=t_lmdeploy / t_w4,
                    vs_fp16=t_fp16 / t_w4, vs_tinygemm=t_tiny / t_w4, w4a16_tb_s=moved / (t_w4 * 1e-6) / 1e12,
                    fp16_tb_s=(n * k * 2 + 2 * m * (k + n)) / (t_fp16 * 1e-6) / 1e12,
-                   w4a16_tflops=2 * m * n * k / (t_w4 * 1e-6) / 1e12, programs=programs(chosen, m, n, k),
+                   w4a16_tflops=2 * m * n * k / (t_w4 * 1e-6) / 1e12, programs=programs(chosen, m, n, k, group),
                    tune=timings)
         rows.append(row)
         print(f"{n}x{k} m={m:5d} fp16 {t_fp16:8.1f}us tiny {t_tiny:8.1f}us lmdeploy {t_lmdeploy:8.1f}us w4a16 "

@@ -83,6 +83,11 @@ def enabled(device: torch.device) -> bool:
 MAX_BUCKET = 128  # token tiles re-read the weights (from L2 at best): past 4 tiles the tensor-core GEMMs win
 
 
+def launch_shape(cfg: MmaGemvConfig, m: int, n: int, k: int, group: int) -> tuple[int, int, int]:
+    """The grid `mma_gemv` launches: (token tiles, 64-channel blocks, K splits)."""
+    return -(-m // cfg.block_m), n // BLOCK_N, -(-(k // group) // (cfg.warps * cfg.groups_per_warp))
+
+
 def tuner_configs(bucket: int, n: int, k: int, group: int) -> list[MmaGemvConfig]:
     """The configs the tuner times for one bucket of up to MAX_BUCKET rows."""
     if bucket > MAX_BUCKET or not supports(n, k, group):
@@ -136,10 +141,8 @@ def mma_gemv(x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zer
         x2d = x2d.contiguous().clone()
     if bias is not None:
         bias = bias.contiguous()
-    groups = k // group
     per_cta = cfg.warps * cfg.groups_per_warp
-    split = -(-groups // per_cta)
-    token_tiles = -(-m // cfg.block_m)
+    token_tiles, _, split = launch_shape(cfg, m, n, k, group)
     out = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
     ws, cnt = (SplitKWorkspace.get(x2d.device, m * n, token_tiles * (n // BLOCK_N)) if split > 1 else (out, out))
     pdl = pdl_enabled(x2d.device)
