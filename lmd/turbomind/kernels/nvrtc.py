@@ -1,71 +1,132 @@
-"""CUDA C++ kernels compiled at run time with NVRTC, the compiler library PyTorch's CUDA builds ship and load.
+"""CUDA C++ kernels compiled at run time with NVRTC, for what Triton cannot express (warp-level `mma.sync` with
+hand-placed fragments).
 
-For kernels Triton cannot express (warp-level `mma.sync` with hand-placed fragments): the source is a string beside
-its PyTorch reference, compiled once per process and specialization for the GPU at hand, and launched on the current
-stream, so CUDA graphs capture it like any other kernel. No nvcc, no build step, no new dependency; where NVRTC or
-its loader is missing (CPU builds of torch, old releases) `available()` is False and callers keep their other paths.
+The source (a `.cu` file beside its PyTorch reference) is compiled to a cubin for the GPU at hand, once per process
+and specialization, loaded into the device's context with the driver API and launched with cuLaunchKernelEx on
+torch's current stream, so CUDA graphs capture it like any other kernel, with programmatic dependent launch where
+asked. No nvcc and no build step: NVRTC is the library PyTorch's CUDA wheels already ship (`nvidia-cuda-nvrtc`), or a
+CUDA toolkit's. Where it or the driver is missing, `available()` is False and callers keep their other paths. CI
+compiles with the same `compile_cubin` (the wheel installs on CPU machines too) and checks the SASS.
 """
 
 from __future__ import annotations
 
 import ctypes
+import ctypes.util
 import functools
+from pathlib import Path
 from typing import Any
 
 import torch
 
 
 class NvrtcUnavailable(RuntimeError):
-    """This torch build cannot compile CUDA source at run time."""
+    """No run-time CUDA compiler (or driver) here, or the source did not build."""
+
+
+def _library_candidates() -> list[str]:
+    """libnvrtc from the nvidia wheels first (the one torch's CUDA build was made with), then the system's."""
+    paths: list[str] = []
+    try:
+        import nvidia
+
+        for root in nvidia.__path__:
+            paths += sorted(str(p) for p in Path(root).glob("*/lib/libnvrtc.so*") if "builtins" not in p.name)
+    except ImportError:
+        pass
+    found = ctypes.util.find_library("nvrtc")
+    return [*paths, *([found] if found else []), "libnvrtc.so", "/usr/local/cuda/lib64/libnvrtc.so"]
 
 
 @functools.cache
-def available() -> bool:
-    """Whether run-time compilation can work here: a CUDA device, torch's NVRTC helpers and the driver library."""
-    if not torch.cuda.is_available():
-        return False
-    try:
-        from torch.cuda import _utils
-    except ImportError:
-        return False
-    if not (hasattr(_utils, "_nvrtc_compile") and hasattr(_utils, "_cuda_load_module")):
-        return False
-    try:
-        _libcuda()
-    except OSError:
-        return False
-    return True
+def nvrtc_library() -> ctypes.CDLL:
+    for path in _library_candidates():
+        try:
+            return ctypes.CDLL(path)
+        except OSError:
+            continue
+    raise NvrtcUnavailable("no NVRTC library (pip install nvidia-cuda-nvrtc, or a CUDA toolkit)")
 
 
 @functools.cache
 def _libcuda() -> ctypes.CDLL:
-    """The CUDA driver library (cuLaunchKernelEx), loaded once."""
+    """The CUDA driver library, loaded once."""
     return ctypes.CDLL("libcuda.so.1")
 
 
 @functools.cache
-def _build(source: str, name: str, capability: tuple[int, int], device: int) -> Any:
-    """The kernel handle, or the exception building it raised (a failure is remembered, not retried per call).
-    Called with `device` current: the module loads into that device's context."""
-    from torch.cuda import _utils
-
+def available() -> bool:
+    """Whether kernels can be built and launched here: a CUDA device, NVRTC and the driver library."""
+    if not torch.cuda.is_available():
+        return False
     try:
-        result = _utils._nvrtc_compile(kernel_source=source, kernel_name=name,
-                                       compute_capability=f"{capability[0]}{capability[1]}")
-        binary, lowered = result if isinstance(result, tuple) else (result, name)
-        return _utils._cuda_load_module(binary, [lowered or name])[lowered or name]
-    except Exception as e:  # noqa: BLE001 (no NVRTC library, no CUDA headers, a compile error: all mean "not here")
-        return NvrtcUnavailable(f"NVRTC could not build {name}: {type(e).__name__}: {e}")
+        nvrtc_library()
+        _libcuda()
+    except (NvrtcUnavailable, OSError):
+        return False
+    return True
 
 
-def compile_kernel(source: str, name: str, capability: tuple[int, int], device: int = 0) -> Any:
-    """The `extern "C"` kernel `name` of `source`, built for compute capability `capability` and loaded on CUDA
-    device `device` (cached per process). Returns torch's kernel handle (launch it with `launch` while that device is
-    current); raises NvrtcUnavailable where it cannot be built."""
+def compile_cubin(source: str, arch: str) -> bytes:
+    """The cubin of `source` for `arch` (e.g. "sm_90"); a compile error raises NvrtcUnavailable with NVRTC's log."""
+    lib = nvrtc_library()
+    prog = ctypes.c_void_p()
+    if lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"kernel.cu", 0, None, None):
+        raise NvrtcUnavailable("nvrtcCreateProgram failed")
+    try:
+        options = [f"--gpu-architecture={arch}".encode(), b"-std=c++17"]
+        if lib.nvrtcCompileProgram(prog, len(options), (ctypes.c_char_p * len(options))(*options)):
+            size = ctypes.c_size_t()
+            lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+            log = ctypes.create_string_buffer(size.value)
+            lib.nvrtcGetProgramLog(prog, log)
+            raise NvrtcUnavailable(f"NVRTC: {log.value.decode(errors='replace')}")
+        size = ctypes.c_size_t()
+        lib.nvrtcGetCUBINSize(prog, ctypes.byref(size))
+        cubin = ctypes.create_string_buffer(size.value)
+        lib.nvrtcGetCUBIN(prog, cubin)
+        return cubin.raw
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+def _check(result: int, what: str) -> None:
+    if result:
+        message = ctypes.c_char_p()
+        _libcuda().cuGetErrorString(result, ctypes.byref(message))
+        raise RuntimeError(f"{what}: CUDA error {result} ({(message.value or b'?').decode()})")
+
+
+class Kernel:
+    """A loaded kernel: the driver's function handle, and its module kept alive with it."""
+
+    def __init__(self, function: ctypes.c_void_p, module: ctypes.c_void_p) -> None:
+        self.function, self.module = function, module
+
+
+@functools.cache
+def _build(source: str, name: str, device: int) -> Kernel | NvrtcUnavailable:
+    """The kernel, or the exception building it raised (a failure is remembered, not retried per call)."""
+    try:
+        major, minor = torch.cuda.get_device_capability(device)
+        cubin = compile_cubin(source, f"sm_{major}{minor}")
+        with torch.cuda.device(device):
+            torch.cuda.current_stream().synchronize()  # the device's primary context current on this thread
+            module, function = ctypes.c_void_p(), ctypes.c_void_p()
+            _check(_libcuda().cuModuleLoadData(ctypes.byref(module), cubin), "cuModuleLoadData")
+            _check(_libcuda().cuModuleGetFunction(ctypes.byref(function), module, name.encode()),
+                   "cuModuleGetFunction")
+        return Kernel(function, module)
+    except (NvrtcUnavailable, RuntimeError, OSError) as e:
+        return e if isinstance(e, NvrtcUnavailable) else NvrtcUnavailable(f"{name}: {e}")
+
+
+def compile_kernel(source: str, name: str, device: int) -> Kernel:
+    """The `extern "C"` kernel `name` of `source`, built for CUDA device `device`'s architecture and loaded into its
+    context (cached per process); raises NvrtcUnavailable where it cannot be built."""
     if not available():
-        raise NvrtcUnavailable("this torch build has no run-time CUDA compiler (NVRTC)")
-    with torch.cuda.device(device):
-        kernel = _build(source, name, capability, device)
+        raise NvrtcUnavailable("no run-time CUDA compiler or driver here")
+    kernel = _build(source, name, device)
     if isinstance(kernel, NvrtcUnavailable):
         raise kernel
     return kernel
@@ -85,13 +146,13 @@ class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig (cuda.h)
 PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 
 
-def pdl_launch_config(grid: tuple[int, int, int], block: tuple[int, int, int], stream: int
-                      ) -> tuple[_LaunchConfig, _LaunchAttribute]:
-    """cuLaunchKernelEx's config for a launch that may start while the previous kernel in the stream finishes (the
-    kernel waits with griddepcontrol.wait before it reads that kernel's output). Keep the attribute alive with it."""
+def launch_config(grid: tuple[int, int, int], block: tuple[int, int, int], stream: int, pdl: bool
+                  ) -> tuple[_LaunchConfig, _LaunchAttribute]:
+    """cuLaunchKernelEx's config; with `pdl` the launch may start while the previous kernel in the stream finishes
+    (the kernel waits with griddepcontrol.wait before it reads that kernel's output). Keep the attribute alive."""
     attr = _LaunchAttribute(id=PROGRAMMATIC_STREAM_SERIALIZATION)
     ctypes.memmove(ctypes.addressof(attr) + _LaunchAttribute.value.offset, ctypes.byref(ctypes.c_int(1)), 4)
-    config = _LaunchConfig(*grid, *block, 0, stream, ctypes.pointer(attr), 1)
+    config = _LaunchConfig(*grid, *block, 0, stream, ctypes.pointer(attr), int(pdl))
     return config, attr
 
 
@@ -109,17 +170,10 @@ def _kernel_params(args: list[Any]) -> tuple[ctypes.Array, list[Any]]:
     return params, values
 
 
-def launch(kernel: Any, grid: tuple[int, int, int], block: tuple[int, int, int], args: list[Any],
+def launch(kernel: Kernel, grid: tuple[int, int, int], block: tuple[int, int, int], args: list[Any],
            pdl: bool = False) -> None:
-    """Launch on the current stream of the current device (a CUDA graph capture records it; the caller makes the
-    kernel's device current). Tensors pass as pointers, ints as int32. With `pdl`, through cuLaunchKernelEx with
-    programmatic stream serialization (sm_90)."""
-    stream = torch.cuda.current_stream()
-    if not pdl:
-        kernel(grid=grid, block=block, args=args, shared_mem=0, stream=stream)
-        return
-    config, _attr = pdl_launch_config(grid, block, stream.cuda_stream)
+    """Launch on the current stream of the current device, which must be the kernel's (a CUDA graph capture
+    records it). Tensors pass as pointers, ints as int32. With `pdl`, programmatic stream serialization (sm_90)."""
+    config, _attr = launch_config(grid, block, torch.cuda.current_stream().cuda_stream, pdl)
     params, _values = _kernel_params(args)
-    result = _libcuda().cuLaunchKernelEx(ctypes.byref(config), kernel.func, params, None)
-    if result:
-        raise RuntimeError(f"cuLaunchKernelEx failed with CUDA error {result}")
+    _check(_libcuda().cuLaunchKernelEx(ctypes.byref(config), kernel.function, params, None), "cuLaunchKernelEx")

@@ -45,7 +45,6 @@ import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -113,10 +112,9 @@ def kernel_source(dtype: torch.dtype, group: int, cfg: MmaGemvConfig, pdl: bool 
 
 
 @functools.cache
-def _kernel(dtype: torch.dtype, group: int, cfg: MmaGemvConfig, pdl: bool, device: int) -> Any:
+def _kernel(dtype: torch.dtype, group: int, cfg: MmaGemvConfig, pdl: bool, device: int) -> nvrtc.Kernel:
     """The compiled kernel, loaded into `device`'s context (a module belongs to the context current at its load)."""
-    return nvrtc.compile_kernel(kernel_source(dtype, group, cfg, pdl), "w4a16_mma_gemv",
-                                torch.cuda.get_device_capability(device), device)
+    return nvrtc.compile_kernel(kernel_source(dtype, group, cfg, pdl), "w4a16_mma_gemv", device)
 
 
 def mma_gemv(x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,

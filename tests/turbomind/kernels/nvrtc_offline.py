@@ -1,29 +1,26 @@
-"""Compiling run-time CUDA kernels for sm_90 without a GPU, as CI checks them: NVIDIA's NVRTC from its wheel (the
-lock's `nvidia-cuda-nvrtc`) and the cuobjdump that Triton's wheel carries, for the resources and the SASS."""
+"""Compiling run-time CUDA kernels for sm_90 without a GPU, as CI checks them: lmd's own NVRTC path
+(`lmd.turbomind.kernels.nvrtc.compile_cubin`, NVRTC from the lock's `nvidia-cuda-nvrtc` wheel) and the cuobjdump
+that Triton's wheel carries, for the resources and the SASS."""
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import subprocess
 import tempfile
 from pathlib import Path
+
+from lmd.turbomind.kernels import nvrtc
 
 
 class OfflineCompilerMissing(RuntimeError):
     pass
 
 
-@functools.cache
-def _nvrtc() -> ctypes.CDLL:
+def check_tools() -> None:
     try:
-        import nvidia
-    except ImportError as e:
-        raise OfflineCompilerMissing("the nvidia-cuda-nvrtc wheel is not installed") from e
-    libs = sorted(p for root in nvidia.__path__ for p in Path(root).glob("cu*/lib/libnvrtc.so*"))
-    if not libs:
-        raise OfflineCompilerMissing("no libnvrtc in the nvidia package")
-    return ctypes.CDLL(str(libs[0]))
+        nvrtc.nvrtc_library()
+    except nvrtc.NvrtcUnavailable as e:
+        raise OfflineCompilerMissing(str(e)) from e
+    cuobjdump()
 
 
 def cuobjdump() -> str:
@@ -38,27 +35,7 @@ def cuobjdump() -> str:
 
 
 def compile_cubin(source: str, arch: str = "sm_90") -> bytes:
-    """The cubin of `source` for `arch`; a compile error raises RuntimeError with NVRTC's log."""
-    lib = _nvrtc()
-    prog = ctypes.c_void_p()
-    if lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"kernel.cu", 0, None, None):
-        raise RuntimeError("nvrtcCreateProgram failed")
-    try:
-        options = [f"--gpu-architecture={arch}".encode()]
-        result = lib.nvrtcCompileProgram(prog, len(options), (ctypes.c_char_p * len(options))(*options))
-        if result:
-            size = ctypes.c_size_t()
-            lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-            log = ctypes.create_string_buffer(size.value)
-            lib.nvrtcGetProgramLog(prog, log)
-            raise RuntimeError(f"NVRTC: {log.value.decode(errors='replace')}")
-        size = ctypes.c_size_t()
-        lib.nvrtcGetCUBINSize(prog, ctypes.byref(size))
-        cubin = ctypes.create_string_buffer(size.value)
-        lib.nvrtcGetCUBIN(prog, cubin)
-        return cubin.raw
-    finally:
-        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    return nvrtc.compile_cubin(source, arch)
 
 
 def inspect(cubin: bytes) -> tuple[dict[str, int], str]:

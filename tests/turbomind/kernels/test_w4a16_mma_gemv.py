@@ -121,7 +121,7 @@ def test_cpu_machines_neither_compile_nor_offer_it(monkeypatch) -> None:
         pytest.skip("a CUDA machine")
     assert not nvrtc.available() and not kernel.enabled(torch.device("cpu"))
     with pytest.raises(nvrtc.NvrtcUnavailable):
-        nvrtc.compile_kernel(kernel.SOURCE, "w4a16_mma_gemv", (9, 0), 0)
+        nvrtc.compile_kernel(kernel.SOURCE, "w4a16_mma_gemv", 0)
 
 
 def test_tuner_configs_cover_buckets_up_to_128() -> None:

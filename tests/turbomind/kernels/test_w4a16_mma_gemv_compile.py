@@ -32,8 +32,7 @@ SPECIALIZATIONS = [  # (dtype, group, config, pdl): both dtypes, token blocks, g
 @pytest.fixture(scope="module")
 def offline():
     try:
-        nvrtc_offline._nvrtc()
-        nvrtc_offline.cuobjdump()
+        nvrtc_offline.check_tools()
     except nvrtc_offline.OfflineCompilerMissing as e:
         pytest.skip(str(e))
 
@@ -55,7 +54,7 @@ def test_specialization_compiles_for_sm90(offline, spec) -> None:
 
 
 def test_compile_errors_name_the_line(offline) -> None:
-    with pytest.raises(RuntimeError, match="NVRTC: .*error"):
+    with pytest.raises(nvrtc.NvrtcUnavailable, match="NVRTC: .*error"):
         nvrtc_offline.compile_cubin(kernel_source(torch.float16, 128, MmaGemvConfig()) + "\nint broken(")
 
 
@@ -81,7 +80,7 @@ int main(void) {
 """)
     subprocess.run(["gcc", f"-I{include}", str(src), "-o", str(tmp_path / "layout")], check=True)
     c_layout = subprocess.run([str(tmp_path / "layout")], capture_output=True, text=True, check=True).stdout.split()
-    config, attr = nvrtc.pdl_launch_config((7, 5, 1), (128, 1, 1), 0x1234)
+    config, attr = nvrtc.launch_config((7, 5, 1), (128, 1, 1), 0x1234, pdl=True)
     ours = [ctypes.sizeof(nvrtc._LaunchAttribute), nvrtc._LaunchAttribute.value.offset,
             nvrtc._LaunchAttribute.value.offset, ctypes.sizeof(nvrtc._LaunchConfig), nvrtc._LaunchConfig.stream.offset,
             nvrtc._LaunchConfig.attrs.offset, nvrtc._LaunchConfig.num_attrs.offset,
@@ -90,3 +89,4 @@ int main(void) {
     flag = int.from_bytes(bytes(attr)[nvrtc._LaunchAttribute.value.offset:][:4], "little")
     assert (attr.id, flag, config.num_attrs, config.grid_x, config.grid_y, config.stream) == (6, 1, 1, 7, 5, 0x1234)
     assert ctypes.addressof(config.attrs.contents) == ctypes.addressof(attr)
+    assert nvrtc.launch_config((1, 1, 1), (32, 1, 1), 0, pdl=False)[0].num_attrs == 0
