@@ -253,7 +253,8 @@ w4a16_mma_gemv(const u16* __restrict__ x, const u32* __restrict__ qw, const u16*
         for (int s = 0; s < GSTEPS; ++s) {
             if (s + 1 < GSTEPS) {
 #pragma unroll
-                for (int b = 0; b < MB; ++b) xn[b] = load_x_step(x, M, K, b * 8 + g, gi * GSTEPS * 32 + s * 32 + 32, t);
+                for (int b = 0; b < MB; ++b)
+                    xn[b] = load_x_step(x, M, K, b * 8 + g, gi * GSTEPS * 32 + s * 32 + 32, t);
             }
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
@@ -268,7 +269,7 @@ w4a16_mma_gemv(const u16* __restrict__ x, const u32* __restrict__ qw, const u16*
                 for (int j = 0; j < 4; ++j) {
                     u32 a[4];
                     units(a, h, cur.q[s][2 * j], cur.q[s][2 * j + 1], one, sixteen);
-                    // columns (2t, 2t + 1) hold pair 2h, whose offset is 16 under word decode; (2t + 8, ..) pair 2h + 1
+                    // columns (2t, 2t + 1) hold pair 2h (offset 16 under word decode), (2t + 8, ..) pair 2h + 1
                     a[0] = dequant(a[0], offset_a, cs2[2 * j], z2[2 * j]);
                     a[1] = dequant(a[1], offset_a, cs2[2 * j + 1], z2[2 * j + 1]);
                     a[2] = dequant(a[2], one, cs2[2 * j], z2[2 * j]);
