@@ -34,6 +34,10 @@ __device__ __forceinline__ U4 load_weight(const void* p) {
     return r;
 }
 
+__device__ __forceinline__ void load_weight_pair(const void* p, u32& a, u32& b) {  // 8 bytes, as load_weight
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(a), "=r"(b) : "l"(p));
+}
+
 // x: the previous kernel's output, which under PDL may still be in flight when this kernel starts, so an ordinary
 // (coherent) load after griddepcontrol.wait, never the non-coherent path
 __device__ __forceinline__ U4 load_activation(const void* p) {
@@ -156,17 +160,23 @@ struct Group {
 };
 
 // the weights' part (words, scales, zeros): nothing an earlier kernel writes, so it may be read before the PDL wait
+// The thread's 8 channels are two runs of 4, col .. col + 3 and col + 32 .. col + 35 (col = block start + 4g): each
+// 16-byte load of the warp then reads whole 128-byte rows (lanes g = 0..7), no sector split between two loads.
+__device__ __forceinline__ int channel(int e) { return e < 4 ? e : 28 + e; }  // word e's channel, from col
+
 __device__ __forceinline__ void load_weights(Group& d, const u32* qw, const u16* scales, const u16* zeros, int N,
                                              int gi, int t, int col) {
 #pragma unroll
     for (int s = 0; s < GSTEPS; ++s) {
         const u32* p = qw + (u64)(gi * GSTEPS * 4 + s * 4 + t) * N + col;
-        const U4 lo = load_weight(p), hi = load_weight(p + 4);
+        const U4 lo = load_weight(p), hi = load_weight(p + 32);
         d.q[s][0] = lo.x; d.q[s][1] = lo.y; d.q[s][2] = lo.z; d.q[s][3] = lo.w;
         d.q[s][4] = hi.x; d.q[s][5] = hi.y; d.q[s][6] = hi.z; d.q[s][7] = hi.w;
     }
-    d.s = load_weight(scales + (u64)gi * N + col);
-    d.z = load_weight(zeros + (u64)gi * N + col);
+    load_weight_pair(scales + (u64)gi * N + col, d.s.x, d.s.y);
+    load_weight_pair(scales + (u64)gi * N + col + 32, d.s.z, d.s.w);
+    load_weight_pair(zeros + (u64)gi * N + col, d.z.x, d.z.y);
+    load_weight_pair(zeros + (u64)gi * N + col + 32, d.z.z, d.z.w);
 }
 
 // x[m, k0 + 8t .. k0 + 8t + 7] for token row m of the thread (zeros past M)
@@ -206,7 +216,7 @@ w4a16_mma_gemv(const u16* __restrict__ x, const u32* __restrict__ qw, const u16*
     out += (u64)m0 * N;
     ws += (u64)m0 * N;
     const int tile = blockIdx.y * gridDim.x + blockIdx.x;  // the split-K counter of this (channels, tokens) tile
-    const int col = blockIdx.y * 64 + 8 * g;  // the thread's 8 output channels: col .. col + 7
+    const int col = blockIdx.y * 64 + 4 * g;  // the thread's 8 output channels: col + channel(0 .. 7)
     const int groups = K / (GSTEPS * 32);
     const int first = blockIdx.z * groups_per_cta;
     const int end = first + groups_per_cta < groups ? first + groups_per_cta : groups;
@@ -315,7 +325,7 @@ w4a16_mma_gemv(const u16* __restrict__ x, const u32* __restrict__ qw, const u16*
                 }
             }
         }
-        // fold: d rows (g, g + 8) of tile j are channels col + 2j (elements 0, 1) and col + 2j + 1 (2, 3);
+        // fold: d rows (g, g + 8) of tile j are words 2j (elements 0, 1) and 2j + 1 (2, 3);
         // columns 2t, 2t + 1 are token rows. xs rows g hold the offsets' sum o, rows g + 8 the plain sum of x:
         // sum x (c s + z) = C s (d - o) + z xs
 #pragma unroll
@@ -358,7 +368,7 @@ w4a16_mma_gemv(const u16* __restrict__ x, const u32* __restrict__ qw, const u16*
 #pragma unroll
             for (int e = 0; e < 4; ++e)
                 if (b * 8 + 2 * t + (e & 1) < M)
-                    atomicAdd(&red[b * 8 + 2 * t + (e & 1)][8 * g + 2 * j + (e >> 1)], y[b][j][e]);
+                    atomicAdd(&red[b * 8 + 2 * t + (e & 1)][4 * g + channel(2 * j + (e >> 1))], y[b][j][e]);
     __syncthreads();
 #else
     // warps of the CTA meet in shared memory: red[warp][token][channel], summed in warp order
@@ -369,7 +379,7 @@ w4a16_mma_gemv(const u16* __restrict__ x, const u32* __restrict__ qw, const u16*
         for (int j = 0; j < 4; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e)
-                red[warp][b * 8 + 2 * t + (e & 1)][8 * g + 2 * j + (e >> 1)] = y[b][j][e];
+                red[warp][b * 8 + 2 * t + (e & 1)][4 * g + channel(2 * j + (e >> 1))] = y[b][j][e];
     __syncthreads();
 #endif
     const int split = gridDim.z > 1;

@@ -4,16 +4,20 @@ y.T = W x.T, the dequantized weight as the MMA's A operand (16 output channels x
 the activations as B (16 input channels x 8 token rows; rows past M are zeros). At a few token rows the tensor cores
 idle either way: what the kernel must do is stream the packed weights at memory speed with few instructions per
 weight. It reads the engine layout as it is (no reorder): a thread loads two 16-byte vectors of one packed row,
-qweight[kw, c0 + 8g .. c0 + 8g + 7], and that word set is its whole A fragment for two k16 steps and four
-16-channel tiles. Which input channel and which output channel each fragment slot stands for is ours to choose (a
-sum over k does not care about order, and the outputs are stored where they belong), so:
+and those 8 words are its whole A fragment for two k16 steps and four 16-channel tiles. Which input channel and
+which output channel each fragment slot stands for is ours to choose (a sum over k does not care about order, and
+the outputs are stored where they belong), so:
 
     lane = 4 g + t (g = 0..7, t = 0..3), a k32 step at k0, the warp's 64 output channels at c0:
-    packed word e (0..7) of the thread = qweight[(k0 + 8 t) / 8, c0 + 8 g + e]
-    A tile j (0..3), row g      <- word 2 j        (output channel c0 + 8 g + 2 j)
-                     row g + 8  <- word 2 j + 1    (output channel c0 + 8 g + 2 j + 1)
+    packed word e (0..7) of the thread = qweight[(k0 + 8 t) / 8, c0 + 4 g + ch(e)],  ch(e) = e (e < 4), 28 + e
+    A tile j (0..3), row g      <- word 2 j        (output channel c0 + 4 g + ch(2 j))
+                     row g + 8  <- word 2 j + 1    (output channel c0 + 4 g + ch(2 j + 1))
     k16 step h (0, 1): fragment columns (2t, 2t+1) <- nibbles (2h, 2h+4), columns (2t+8, 2t+9) <- (2h+1, 2h+5)
     B (the same columns) <- x[m, k0 + 8 t + nibble]: one 16-byte load of x[m, k0 + 8 t ..] and two PRMTs a step
+
+The two runs of 4 channels (c0 + 4g .., c0 + 32 + 4g ..) make each 16-byte load of a warp read whole 128-byte rows:
+with 8 consecutive channels a thread, two loads would each take half of every 32-byte sector, and with L1 bypassed
+each sector would cross from L2 twice.
 
 Decode: a nibble placed in a mantissa reads as offset + c / C exactly, no conversion. fp16 ("word decode"): one
 shift per word; LOP3 (q & 0x000F000F) | 16.0 gives nibbles (0, 4) as 16 + c/64, (q & 0x00F000F0) | 1.0 gives

@@ -17,6 +17,7 @@ from lmd.turbomind.kernels.w4a16_mma_gemv import BLOCK_N, MmaGemvConfig, word_de
 LANES = torch.arange(32)
 G, T = LANES >> 2, LANES & 3
 U32 = 0xFFFFFFFF
+CHANNEL = torch.tensor([0, 1, 2, 3, 32, 33, 34, 35])  # word e's channel from the thread's col (channel() in the .cu)
 
 
 def _bits(halves: torch.Tensor) -> torch.Tensor:
@@ -117,7 +118,7 @@ def _token_tile(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
         return torch.where((m < m_rows)[:, None], words, zero4)
 
     for bx in range(n // BLOCK_N):
-        col = bx * 64 + 8 * G  # [32]
+        col = bx * 64 + 4 * G  # [32]
         for by in range(split):
             first = by * per_cta
             end = min(first + per_cta, groups)
@@ -125,12 +126,15 @@ def _token_tile(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
             for warp in range(warps):
                 y = torch.zeros(mb, 4, 32, 4)
                 for gi in range(first + warp, end, warps):
-                    q = [q_all[(gi * gsteps * 4 + s * 4 + T)[:, None], col[:, None] + torch.arange(8)]
+                    q = [q_all[(gi * gsteps * 4 + s * 4 + T)[:, None], col[:, None] + CHANNEL]
                          for s in range(gsteps)]  # [32, 8] words a step
                     xv = [[x_step(b * 8 + G, gi * gsteps * 32 + s * 32 + 8 * T) for s in range(gsteps)]
                           for b in range(mb)]
-                    s_lo = s_words[gi, (col // 2)[:, None] + torch.arange(4)]  # [32, 4] words
-                    z_lo = z_words[gi, (col // 2)[:, None] + torch.arange(4)]
+                    # two 8-byte loads each: words of channels col .. col + 3 and col + 32 .. col + 35
+                    s_lo = torch.cat([s_words[gi, (col // 2)[:, None] + torch.arange(2)],
+                                      s_words[gi, (col // 2 + 16)[:, None] + torch.arange(2)]], dim=1)
+                    z_lo = torch.cat([z_words[gi, (col // 2)[:, None] + torch.arange(2)],
+                                      z_words[gi, (col // 2 + 16)[:, None] + torch.arange(2)]], dim=1)
                     sc = _halves(s_lo, dtype).reshape(32, 8)
                     zr = _halves(z_lo, dtype).reshape(32, 8)
                     if scaled:
@@ -180,7 +184,7 @@ def _token_tile(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
                 for b in range(mb):
                     for j in range(4):
                         for e in range(4):
-                            red[warp, b * 8 + 2 * T + (e & 1), 8 * G + 2 * j + (e >> 1)] = y[b, j, :, e]
+                            red[warp, b * 8 + 2 * T + (e & 1), 4 * G + CHANNEL[2 * j + (e >> 1)]] = y[b, j, :, e]
             total = red.sum(dim=0)[:m_rows]  # [M, 64]
             cols = bx * 64 + torch.arange(64)
             if split > 1:

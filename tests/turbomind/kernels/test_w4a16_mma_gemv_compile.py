@@ -46,9 +46,10 @@ def test_specialization_compiles_for_sm90(offline, spec) -> None:
     # per k16 step and token block: four weight tiles, and (folding kernel, up to 16 rows) the offsets' MMA
     assert sass.count("HMMA.16816.F32") == steps * 2 * (4 if blocks >= 4 else 5) * blocks
     assert ("ACQBULK" in sass) == pdl  # griddepcontrol.wait
-    # a group's words (two 16-byte loads a step), scales and zeros through the read-only path, issued at two places
-    # (before the loop, and for the next group); x through the coherent path (under PDL the previous kernel wrote it)
-    assert sass.count("LDG.E.NA.128.CONSTANT") == 2 * (2 * steps + 2)
+    # a group's words (two 16-byte loads a step) and its scales and zeros (two 8-byte loads each) through the
+    # read-only path, issued at two places (before the loop, and for the next group); x through the coherent path
+    # (under PDL the previous kernel wrote it)
+    assert sass.count("LDG.E.NA.128.CONSTANT") == 2 * 2 * steps and sass.count("LDG.E.NA.64.CONSTANT") == 2 * 4
     assert "LDG.E.128 " in sass and "LDG.E.128.CONSTANT" not in sass
     assert usage["STACK"] <= 16 and usage["REG"] <= 255  # at most a few scalars spilled, no arrays in local memory
 
