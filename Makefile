@@ -13,7 +13,8 @@ DEMO_DIR ?= demo_out
 .PHONY: venv test test-fast test-latest lint lock demo clean
 
 # CPU machines install exactly the lock (CI). A CUDA machine keeps the lock's versions for everything but torch,
-# triton and NVRTC, which come from pyproject's ranges (the CUDA build of torch matching the driver pins its NVRTC).
+# triton and NVRTC: torch from pyproject's range (the CUDA build matching the driver), triton and NVRTC as that
+# build pins them.
 $(VENV)/.installed: pyproject.toml $(LOCK)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip

@@ -8,7 +8,7 @@ lmd's shipped W4A16 plan for the same bucket and fp16 cuBLAS (issue 18).
    the PyTorch twin (`mma_gemv_reference`); 20 CUDA-graph replays must repeat the eager result. Any failure makes
    the exit non-zero and skips nothing else.
 2. Timing: µs per call in a CUDA graph over weight copies worth more than L2 (as `benchmarks/kernels.py`), every
-   config of `mma_gemv_configs`, beside the plan `plan_for` picks today (shipped table or tuning) and fp16 cuBLAS.
+   config of `all_configs`, beside the plan `plan_for` picks today (shipped table or tuning) and fp16 cuBLAS.
 Writes $OUT/w4a16_mma_gemv_probe.json and prints a table last.
 """
 
@@ -30,6 +30,7 @@ from lmd.turbomind.kernels.gpu_timing import graph_ms  # noqa: E402
 from lmd.turbomind.kernels.w4a16 import output_is_wrong, plan_for, run_plan  # noqa: E402
 from lmd.turbomind.kernels.w4a16_layout import quantize_to_engine, w4a16_matmul_reference  # noqa: E402
 from lmd.turbomind.kernels.w4a16_mma_gemv import (  # noqa: E402
+    MAX_ROWS,
     MmaGemvConfig,
     mma_gemv,
     mma_gemv_reference,
@@ -41,7 +42,7 @@ SHAPES = "12288x4096,4096x4096,22016x4096,4096x11008"
 
 def all_configs(m: int) -> list[MmaGemvConfig]:
     """The tuner's configs for M's bucket, more groups per warp, and a few with the per-pair decode to compare."""
-    bucket = 1 << max(m - 1, 0).bit_length()
+    bucket = min(1 << max(m - 1, 0).bit_length(), MAX_ROWS)  # past MAX_ROWS: the 128-row configs, more tiles
     tuned = tuner_configs(bucket, 4096, 4096, 128)
     block_m = tuned[0].block_m
     more = [MmaGemvConfig(block_m, w, 8, pf) for w in (2, 4) for pf in (False, True)]
@@ -130,7 +131,7 @@ def bench(n: int, k: int, ms: list[int], group: int, quick: bool) -> list[dict]:
                 timings[cfg.name()] = float("nan")
                 continue
             timings[cfg.name()] = graph_us([lambda p=p, x=x, c=cfg: mma_gemv(x, *p, None, c) for p in quant])
-        best = min((v, name) for name, v in timings.items() if v == v)
+        best = min(((v, name) for name, v in timings.items() if v == v), default=(float("nan"), "none right"))
         moved = q_bytes + 2 * m * (k + n)
         row = dict(n=n, k=k, m=m, fp16_us=t_fp16, plan=plan.name(), plan_us=t_plan, mma_best=best[1],
                    mma_us=best[0], mma_tb_s=moved / (best[0] * 1e-6) / 1e12, vs_fp16=t_fp16 / best[0],

@@ -25,7 +25,8 @@ class NvrtcUnavailable(RuntimeError):
 
 
 def _library_candidates() -> list[str]:
-    """libnvrtc from the nvidia wheels first (the one torch's CUDA build was made with), then the system's."""
+    """libnvrtc from the nvidia wheels first, the one of torch's CUDA major version ahead of others (a newer
+    compiler's cubin may not load on the driver torch runs with), then the system's."""
     paths: list[str] = []
     try:
         import nvidia
@@ -34,6 +35,8 @@ def _library_candidates() -> list[str]:
             paths += sorted(str(p) for p in Path(root).glob("*/lib/libnvrtc.so*") if "builtins" not in p.name)
     except ImportError:
         pass
+    major = (torch.version.cuda or "").split(".")[0]
+    paths.sort(key=lambda path: not (major and Path(path).name.startswith(f"libnvrtc.so.{major}")))
     found = ctypes.util.find_library("nvrtc")
     return [*paths, *([found] if found else []), "libnvrtc.so", "/usr/local/cuda/lib64/libnvrtc.so"]
 
@@ -104,29 +107,48 @@ class Kernel:
         self.function, self.module = function, module
 
 
-@functools.cache
-def _build(source: str, name: str, device: int) -> Kernel | NvrtcUnavailable:
-    """The kernel, or the exception building it raised (a failure is remembered, not retried per call)."""
-    try:
-        major, minor = torch.cuda.get_device_capability(device)
-        cubin = compile_cubin(source, f"sm_{major}{minor}")
-        with torch.cuda.device(device):
-            torch.cuda.current_stream().synchronize()  # the device's primary context current on this thread
-            module, function = ctypes.c_void_p(), ctypes.c_void_p()
-            _check(_libcuda().cuModuleLoadData(ctypes.byref(module), cubin), "cuModuleLoadData")
-            _check(_libcuda().cuModuleGetFunction(ctypes.byref(function), module, name.encode()),
-                   "cuModuleGetFunction")
-        return Kernel(function, module)
-    except (NvrtcUnavailable, RuntimeError, OSError) as e:
-        return e if isinstance(e, NvrtcUnavailable) else NvrtcUnavailable(f"{name}: {e}")
+def _make_context_current(device: int) -> None:
+    """The device's primary context (the one torch's runtime uses) current on this thread: a thread that has made
+    no CUDA runtime call yet has none, and the driver calls below need one."""
+    lib = _libcuda()
+    ctx = ctypes.c_void_p()
+    _check(lib.cuCtxGetCurrent(ctypes.byref(ctx)), "cuCtxGetCurrent")
+    if not ctx.value:
+        handle = ctypes.c_int()
+        _check(lib.cuDeviceGet(ctypes.byref(handle), device), "cuDeviceGet")
+        _check(lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), handle), "cuDevicePrimaryCtxRetain")
+        _check(lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+
+
+def _build(source: str, name: str, device: int) -> Kernel:
+    major, minor = torch.cuda.get_device_capability(device)
+    cubin = compile_cubin(source, f"sm_{major}{minor}")
+    with torch.cuda.device(device):
+        _make_context_current(device)
+        module, function = ctypes.c_void_p(), ctypes.c_void_p()
+        _check(_libcuda().cuModuleLoadData(ctypes.byref(module), cubin), "cuModuleLoadData")
+        _check(_libcuda().cuModuleGetFunction(ctypes.byref(function), module, name.encode()), "cuModuleGetFunction")
+    return Kernel(function, module)
+
+
+_KERNELS: dict[tuple[str, str, int], Kernel | NvrtcUnavailable] = {}  # a failure is remembered, not retried
 
 
 def compile_kernel(source: str, name: str, device: int) -> Kernel:
     """The `extern "C"` kernel `name` of `source`, built for CUDA device `device`'s architecture and loaded into its
-    context (cached per process); raises NvrtcUnavailable where it cannot be built."""
+    context (cached per process); raises NvrtcUnavailable where it cannot be built. Build kernels before a CUDA
+    graph capture: loading a module is not allowed in one (refused here, and not remembered as a failure)."""
     if not available():
         raise NvrtcUnavailable("no run-time CUDA compiler or driver here")
-    kernel = _build(source, name, device)
+    key = (source, name, device)
+    if key not in _KERNELS:
+        if torch.cuda.is_current_stream_capturing():
+            raise NvrtcUnavailable(f"{name} is not built yet and a CUDA graph is being captured: build it first")
+        try:
+            _KERNELS[key] = _build(source, name, device)
+        except (NvrtcUnavailable, RuntimeError, OSError) as e:
+            _KERNELS[key] = e if isinstance(e, NvrtcUnavailable) else NvrtcUnavailable(f"{name}: {e}")
+    kernel = _KERNELS[key]
     if isinstance(kernel, NvrtcUnavailable):
         raise kernel
     return kernel
@@ -174,6 +196,7 @@ def launch(kernel: Kernel, grid: tuple[int, int, int], block: tuple[int, int, in
            pdl: bool = False) -> None:
     """Launch on the current stream of the current device, which must be the kernel's (a CUDA graph capture
     records it). Tensors pass as pointers, ints as int32. With `pdl`, programmatic stream serialization (sm_90)."""
+    _make_context_current(torch.cuda.current_device())
     config, _attr = launch_config(grid, block, torch.cuda.current_stream().cuda_stream, pdl)
     params, _values = _kernel_params(args)
     _check(_libcuda().cuLaunchKernelEx(ctypes.byref(config), kernel.function, params, None), "cuLaunchKernelEx")

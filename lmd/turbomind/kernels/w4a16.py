@@ -29,12 +29,12 @@ from typing import Union
 
 import torch
 
-from lmd.turbomind.kernels import w4a16_mma_gemv as mma_gemv_kernel
+from lmd.turbomind.kernels import w4a16_mma_gemv
 from lmd.turbomind.kernels import w4a16_plan_cache as plan_cache
 from lmd.turbomind.kernels import w4a16_shipped_plans as shipped_plans
 from lmd.turbomind.kernels.gpu_timing import cold_call_ms
 from lmd.turbomind.kernels.w4a16_layout import w4a16_matmul_reference
-from lmd.turbomind.kernels.w4a16_mma_gemv import MmaGemvConfig, mma_gemv
+from lmd.turbomind.kernels.w4a16_mma_gemv import MmaGemvConfig
 
 try:
     from lmd.turbomind.kernels.w4a16_dequant import DequantConfig, dequant_matmul
@@ -89,7 +89,7 @@ def run_plan(plan: Plan, x2d: torch.Tensor, qweight: torch.Tensor, scales: torch
     if isinstance(plan, WtGemmConfig):
         return gemm_wt(x2d, qweight, scales, zeros, bias, plan)
     if isinstance(plan, MmaGemvConfig):
-        return mma_gemv(x2d, qweight, scales, zeros, bias, plan)
+        return w4a16_mma_gemv.mma_gemv(x2d, qweight, scales, zeros, bias, plan)
     return dequant_matmul(x2d, qweight, scales, zeros, bias, plan)
 
 
@@ -137,7 +137,8 @@ def default_plan(bucket: int, n: int, k: int, group: int, device: torch.device) 
 
 
 def candidates(bucket: int, n: int, k: int, group: int, device: torch.device) -> list[Plan]:
-    """Configs timed by the autotuner for one bucket; every one is valid for any N, K, group."""
+    """Configs timed by the autotuner for one bucket; every one is valid for this N, K and group (the Triton ones for
+    any)."""
     sms = _sms(device)
     out: list[Plan] = [default_plan(bucket, n, k, group, device)]
     if bucket == 1:
@@ -208,8 +209,8 @@ def candidates(bucket: int, n: int, k: int, group: int, device: torch.device) ->
     if bucket >= 128:
         out.append(DequantConfig())
         out.append(DequantConfig(block_k8=8, block_n=256, num_warps=8))
-    if mma_gemv_kernel.enabled(device):
-        out.extend(mma_gemv_kernel.tuner_configs(bucket, n, k, group))
+    if w4a16_mma_gemv.enabled(device):
+        out.extend(w4a16_mma_gemv.tuner_configs(bucket, n, k, group))
     return list(dict.fromkeys(out))
 
 

@@ -159,11 +159,11 @@ struct Group {
     U4 s, z;
 };
 
-// the weights' part (words, scales, zeros): nothing an earlier kernel writes, so it may be read before the PDL wait
 // The thread's 8 channels are two runs of 4, col .. col + 3 and col + 32 .. col + 35 (col = block start + 4g): each
 // 16-byte load of the warp then reads whole 128-byte rows (lanes g = 0..7), no sector split between two loads.
 __device__ __forceinline__ int channel(int e) { return e < 4 ? e : 28 + e; }  // word e's channel, from col
 
+// the weights' part (words, scales, zeros): nothing an earlier kernel writes, so it may be read before the PDL wait
 __device__ __forceinline__ void load_weights(Group& d, const u32* qw, const u16* scales, const u16* zeros, int N,
                                              int gi, int t, int col) {
 #pragma unroll

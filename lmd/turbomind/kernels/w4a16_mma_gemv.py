@@ -68,6 +68,11 @@ class MmaGemvConfig:
     prefetch: bool = False  # load the warp's next group while computing this one (a register double buffer)
     word_decode: bool = True  # fp16: one shift per packed word, not one per nibble pair (bf16 always per pair)
 
+    def __post_init__(self) -> None:
+        if self.block_m not in BLOCK_MS or not 1 <= self.warps <= 8 or self.groups_per_warp < 1:
+            raise ValueError(f"mma-gemv config: block_m one of {BLOCK_MS}, 1-8 warps, groups_per_warp >= 1; "
+                             f"got {self}")
+
     def name(self) -> str:
         return (f"mma-gemv m{self.block_m} w{self.warps} g{self.groups_per_warp} pf{int(self.prefetch)}"
                 f"{'' if self.word_decode else ' pair'}")
@@ -83,7 +88,7 @@ def enabled(device: torch.device) -> bool:
     return os.environ.get("LMD_W4A16_MMA_GEMV") == "1" and device.type == "cuda" and nvrtc.available()
 
 
-MAX_BUCKET = 128  # token tiles re-read the weights (from L2 at best): past 4 tiles the tensor-core GEMMs win
+MAX_ROWS = 128  # token tiles re-read the weights (from L2 at best): past 4 tiles the tensor-core GEMMs win
 
 
 def launch_shape(cfg: MmaGemvConfig, m: int, n: int, k: int, group: int) -> tuple[int, int, int]:
@@ -92,8 +97,8 @@ def launch_shape(cfg: MmaGemvConfig, m: int, n: int, k: int, group: int) -> tupl
 
 
 def tuner_configs(bucket: int, n: int, k: int, group: int) -> list[MmaGemvConfig]:
-    """The configs the tuner times for one bucket of up to MAX_BUCKET rows."""
-    if bucket > MAX_BUCKET or not supports(n, k, group):
+    """The configs the tuner times for one bucket of up to MAX_ROWS rows."""
+    if bucket > MAX_ROWS or not supports(n, k, group):
         return []
     block_m = next((b for b in BLOCK_MS if b >= bucket), BLOCK_MS[-1])
     return [MmaGemvConfig(block_m, warps, per_warp, prefetch) for warps in (2, 4, 8) for per_warp in (1, 2, 4)
@@ -124,25 +129,27 @@ def _kernel(dtype: torch.dtype, group: int, cfg: MmaGemvConfig, pdl: bool, devic
 def mma_gemv(x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
              bias: torch.Tensor | None, cfg: MmaGemvConfig) -> torch.Tensor:
     """x2d [M, K] -> [M, N] in x's dtype, on CUDA; M past cfg.block_m runs as token tiles of block_m rows."""
-    from lmd.turbomind.kernels.pdl import pdl_enabled  # imports Triton, which the tuner has by now
-    from lmd.turbomind.kernels.w4a16_epilogue import SplitKWorkspace
-
     m, k = x2d.shape
     n = qweight.shape[1]
     group = k // scales.shape[0]
     if x2d.dtype not in (torch.float16, torch.bfloat16) or any(
             t is not None and t.dtype != x2d.dtype for t in (scales, zeros, bias)) or qweight.dtype != torch.int32:
         raise ValueError("mma-gemv takes fp16/bf16 x with scales, zeros and bias of x's dtype and int32 qweight")
-    if cfg.block_m not in BLOCK_MS:
-        raise ValueError(f"mma-gemv block_m={cfg.block_m}: one of {BLOCK_MS}")
     if not supports(n, k, group):
         raise ValueError(f"mma-gemv needs N % {BLOCK_N} == 0 and a group of {GROUPS}; got N={n}, group={group}")
     if any(t.data_ptr() % 16 or not t.is_contiguous() for t in (qweight, scales, zeros)):
         raise ValueError("mma-gemv reads qweight, scales and zeros as contiguous 16-byte vectors")
-    if x2d.data_ptr() % 16 or not x2d.is_contiguous():  # x likewise; a view at an odd offset is copied
-        x2d = x2d.contiguous().clone()
+    if not x2d.is_contiguous():
+        x2d = x2d.contiguous()
+    elif x2d.data_ptr() % 16:  # x likewise; a view at an odd offset is copied
+        x2d = x2d.clone()
     if bias is not None:
         bias = bias.contiguous()
+    if not x2d.is_cuda:
+        raise ValueError("mma-gemv runs on CUDA tensors")
+    from lmd.turbomind.kernels.pdl import pdl_enabled  # both import Triton, which the tuner has by now
+    from lmd.turbomind.kernels.w4a16_epilogue import SplitKWorkspace
+
     per_cta = cfg.warps * cfg.groups_per_warp
     token_tiles, _, split = launch_shape(cfg, m, n, k, group)
     out = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
@@ -183,8 +190,9 @@ def unit_values(qweight: torch.Tensor, dtype: torch.dtype, word: bool) -> tuple[
 
 def mma_gemv_reference(x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
                        cfg: MmaGemvConfig = MmaGemvConfig()) -> torch.Tensor:
-    """The kernel's arithmetic in PyTorch: per group, d = sum x v (v the decoded value), o = sum x offset(v) and
-    xs = sum x in fp32, folded as C s (d - o) + z xs (C = 16 pair decode, 64 word decode). x2d [M, K] -> [M, N]."""
+    """The 8- and 16-row kernel's arithmetic in PyTorch: per group, d = sum x v (v the decoded value), o = sum x
+    offset(v) and xs = sum x in fp32, folded as C s (d - o) + z xs (C = 16 pair decode, 64 word decode); the 32-row
+    kernel dequantizes to x's dtype instead (within a rounding of this). x2d [M, K] -> [M, N]."""
     m, k = x2d.shape
     n = qweight.shape[1]
     groups = scales.shape[0]

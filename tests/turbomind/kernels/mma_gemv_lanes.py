@@ -117,10 +117,10 @@ def _token_tile(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
         words = x_words[m.clamp(max=m_rows - 1)[:, None], (k0 // 2)[:, None] + torch.arange(4)]
         return torch.where((m < m_rows)[:, None], words, zero4)
 
-    for bx in range(n // BLOCK_N):
-        col = bx * 64 + 4 * G  # [32]
-        for by in range(split):
-            first = by * per_cta
+    for block in range(n // BLOCK_N):  # grid y: 64-channel blocks
+        col = block * 64 + 4 * G  # [32]
+        for split_index in range(split):  # grid z: K splits
+            first = split_index * per_cta
             end = min(first + per_cta, groups)
             red = torch.zeros(warps, mb * 8, 64)
             for warp in range(warps):
@@ -186,13 +186,13 @@ def _token_tile(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
                         for e in range(4):
                             red[warp, b * 8 + 2 * T + (e & 1), 4 * G + CHANNEL[2 * j + (e >> 1)]] = y[b, j, :, e]
             total = red.sum(dim=0)[:m_rows]  # [M, 64]
-            cols = bx * 64 + torch.arange(64)
+            cols = block * 64 + torch.arange(64)
             if split > 1:
                 ws[:, cols] += total
             else:
                 v = total + (bias[cols].float() if bias is not None else 0.0)
                 out[:, cols] = v.to(dtype)
         if split > 1:
-            cols = bx * 64 + torch.arange(64)
+            cols = block * 64 + torch.arange(64)
             out[:, cols] = (ws[:, cols] + (bias[cols].float() if bias is not None else 0.0)).to(dtype)
     return out

@@ -108,10 +108,14 @@ def test_wrapper_rejects_what_the_kernel_cannot_take() -> None:
     with pytest.raises(ValueError, match="N % 64"):
         mma_gemv(torch.randn(1, 256, dtype=torch.float16), qweight, scales, zeros, None, MmaGemvConfig())
     qweight, scales, zeros = _weights(64, 256, 128, torch.float16)
+    with pytest.raises(ValueError, match="CUDA tensors"):
+        mma_gemv(torch.randn(1, 256, dtype=torch.float16), qweight, scales, zeros, None, MmaGemvConfig())
     with pytest.raises(ValueError, match="fp16/bf16 x"):
         mma_gemv(torch.randn(1, 256, dtype=torch.bfloat16), qweight, scales, zeros, None, MmaGemvConfig())
-    with pytest.raises(ValueError, match="block_m=24"):
-        mma_gemv(torch.randn(9, 256, dtype=torch.float16), qweight, scales, zeros, None, MmaGemvConfig(24))
+    with pytest.raises(ValueError, match="block_m one of"):
+        MmaGemvConfig(24)
+    with pytest.raises(ValueError, match="groups_per_warp >= 1"):
+        MmaGemvConfig(8, 4, 0)
     assert not kernel.supports(128, 256, 256) and kernel.supports(128, 256, 64)
 
 
