@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 import torch
 
 from lmd.errors import LmdError
+from lmd.turbomind.guided_utf8 import LeadState, SurrogateGuard
 from lmd.turbomind.kernels.host_copy import to_device
 
 if TYPE_CHECKING:
@@ -98,6 +99,7 @@ class CompiledGuide:
     vocab_size: int
     stop_token_ids: tuple[int, ...]
     allowed: torch.Tensor | None = None  # int32 words ANDed into every mask (JSON: no raw control characters)
+    surrogates: SurrogateGuard | None = None  # no encoded surrogates in any reply (guided_utf8)
 
 
 class GrammarCompiler:
@@ -116,6 +118,7 @@ class GrammarCompiler:
         self._lock = threading.Lock()
         self._cache: OrderedDict[GuidedSpec, Future[CompiledGuide]] = OrderedDict()
         self._compiler: xgrammar.GrammarCompiler | None = None
+        self._surrogates: SurrogateGuard | None = None
         self._allowed_json: torch.Tensor | None = None
 
     def compile(self, spec: GuidedSpec) -> CompiledGuide:
@@ -133,8 +136,9 @@ class GrammarCompiler:
         if owner:
             try:
                 allowed = self._no_control_characters() if spec.kind in ("json_object", "json_schema") else None
-                future.set_result(CompiledGuide(spec, self._compile(spec), self.vocab_size, self.stop_token_ids,
-                                                allowed))
+                grammar = self._compile(spec)
+                future.set_result(CompiledGuide(spec, grammar, self.vocab_size, self.stop_token_ids, allowed,
+                                                self._surrogates))
             except BaseException as exc:
                 with self._lock:
                     if self._cache.get(spec) is future:
@@ -185,6 +189,7 @@ class GrammarCompiler:
             if self._compiler is None:
                 xgr = import_xgrammar()
                 info = _tokenizer_info(xgr, self._tokenizer, self.vocab_size, self.stop_token_ids)
+                self._surrogates = SurrogateGuard(info.decoded_vocab, bitmask_words(self.vocab_size))
                 # lmd's own LRU is the cache (bounded, keyed by spec); xgrammar's would grow without limit.
                 self._compiler = xgr.GrammarCompiler(info, max_threads=min(8, os.cpu_count() or 1),
                                                      cache_enabled=False)
@@ -204,6 +209,7 @@ class GuidedMatcher:
             xgr = import_xgrammar()
             _matcher = xgr.GrammarMatcher(compiled.grammar, override_stop_tokens=list(self.stop_token_ids))
         self._matcher = _matcher
+        self._lead = LeadState()
         # xgrammar refuses every token once its stop token is accepted; lmd keeps allowing (and counting, for
         # rollback) the stop tokens, so a request that does not end at one (ignore_eos) never meets an empty mask.
         self._after_stop = 0
@@ -223,11 +229,14 @@ class GuidedMatcher:
                 bitmask[row, token // 32] |= _bit(token % 32)
             return True
         masked = self._matcher.fill_next_token_bitmask(bitmask, row)
-        allowed = self.compiled.allowed
-        if allowed is None:
+        allowed, surrogates = self.compiled.allowed, self.compiled.surrogates
+        if allowed is None and surrogates is None:
             return masked
         stops = [t for t in self.stop_token_ids if bitmask[row, t // 32] & _bit(t % 32)]
-        bitmask[row] &= allowed
+        if allowed is not None:
+            bitmask[row] &= allowed
+        if surrogates is not None:
+            surrogates.apply(bitmask[row], self._lead.after_lead)
         for token in stops:  # a stop token the grammar allows stays allowed, whatever its text
             bitmask[row, token // 32] |= _bit(token % 32)
         return True
@@ -239,7 +248,10 @@ class GuidedMatcher:
                 self._after_stop += 1
                 return True
             return False
-        return self._matcher.accept_token(token_id)
+        accepted = self._matcher.accept_token(token_id)
+        if accepted and self.compiled.surrogates is not None:
+            self._lead.accept(self.compiled.surrogates, token_id)
+        return accepted
 
     def is_terminated(self) -> bool:
         """True once a stop token is accepted after a complete reply."""
@@ -255,11 +267,12 @@ class GuidedMatcher:
         self._after_stop -= undone
         if num_tokens > undone:
             self._matcher.rollback(num_tokens - undone)
+            self._lead.rollback(num_tokens - undone)
 
     def fork(self) -> GuidedMatcher:
         """An independent copy of this state (one per choice when a request samples n)."""
         forked = GuidedMatcher(self.compiled, self.stop_token_ids, _matcher=self._matcher.fork())
-        forked._after_stop = self._after_stop
+        forked._after_stop, forked._lead = self._after_stop, self._lead.fork()
         return forked
 
 

@@ -52,9 +52,9 @@ SCHEMAS = [
      "required": ["grid"]},
 ]
 PROMPTS = [f"Describe thing number {i} as JSON." for i in range(len(SCHEMAS))]
-# Requests are seeded (seed=i), as the streamed ones always were: unseeded, one CI run in many (2026-12-05) sampled a
-# title that xgrammar counted as at most 8 characters but that decoded to 10 ('_ Neuro' and three U+FFFD: bytes the
-# grammar took as a character are no whole UTF-8 one), and a test that passes or fails by the draw says nothing.
+# Requests are seeded (seed=i), as the streamed ones always were: a test that passes or fails by the draw says
+# nothing about a change. (Unseeded, one CI run on 2026-12-05 drew a title xgrammar counted as 8 characters that
+# decoded to 10: "_ Neuro" and an encoded surrogate, which lmd.turbomind.guided_utf8 now keeps out.)
 CHECK = jsonschema.FormatChecker()
 
 
