@@ -27,7 +27,7 @@ from lmd.turbomind.kernels.w4a16_gemm import GemmConfig  # noqa: E402
 from lmd.turbomind.kernels.w4a16_gemm_wt import WtGemmConfig  # noqa: E402
 from lmd.turbomind.kernels.w4a16_gemv import GemvConfig  # noqa: E402
 from lmd.turbomind.kernels.w4a16_layout import quantize_to_engine, w4a16_matmul_reference  # noqa: E402
-from lmd.turbomind.kernels.w4a16_mma_gemv import MmaGemvConfig, launch_shape  # noqa: E402
+from lmd.turbomind.kernels.w4a16_mma_gemv import BLOCK_MS, MmaGemvConfig, launch_shape  # noqa: E402
 
 SHAPES = ((4096, 4096), (11008, 4096), (4096, 11008), (12288, 4096))  # (N out, K in), Llama-7B
 MS = (1, 2, 3, 7, 16, 33, 64, 128, 256, 2048)
@@ -67,7 +67,7 @@ def paths_for(m: int) -> list:
     if m >= 16:
         plans.append(DequantConfig())
     if m <= 128 and nvrtc.available():  # the CUDA mma.sync kernel (opt-in in the tuner, always checked here)
-        block_m = next((b for b in (8, 16, 32) if b >= m), 32)
+        block_m = next((b for b in BLOCK_MS if b >= m), BLOCK_MS[-1])
         plans.append(MmaGemvConfig(block_m, 4, 1, False))
         plans.append(MmaGemvConfig(block_m, 2, 4, True))
         plans.append(MmaGemvConfig(block_m, 8, 2, True, False))

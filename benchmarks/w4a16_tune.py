@@ -31,10 +31,6 @@ SHAPES = "12288x4096,4096x4096,22016x4096,4096x11008"  # N (out) x K (in): qkv, 
 GROUP = 128
 
 
-def family(name: str) -> str:
-    return name.split(" ")[0]
-
-
 def write_table(rows: list[dict], gpu: str, out: Path) -> Path:
     """The winners as the table lmd ships for this GPU (fp16 activations, group GROUP)."""
     import triton
@@ -67,7 +63,7 @@ def main() -> None:
             log = sorted(TUNE_LOG.get(plan_key(bucket, qweight, scales, torch.float16), []), key=lambda t: t[1])
             best_of: dict[str, tuple[str, float]] = {}
             for name, ms in log:
-                best_of.setdefault(family(name), (name, ms))
+                best_of.setdefault(shipped.family(name), (name, ms))
             rows.append(dict(n=n, k=k, bucket=bucket, seconds=seconds, timed=len(log), plan=plan.name(),
                              top=log[:5], best_of_family=best_of))
             print(f"{n}x{k} M<={bucket}: {seconds:.1f} s, {len(log)} timed, {plan.name()}"

@@ -356,32 +356,29 @@ w4a16_mma_gemv(const u16* __restrict__ x, const u32* __restrict__ qw, const u16*
     }
 
     __shared__ int last_cta;
+    // warps of the CTA meet in shared memory: SCALED red[token][channel], zeroed first and added atomically (32 rows
+    // of every warp would not fit side by side); else red[warp][token][channel], summed in warp order below
 #if SCALED
-    // warps of the CTA meet in shared memory: red[token][channel], zeroed before the first add, added atomically
     __shared__ float red[MB * 8][64];
     for (int i = threadIdx.x; i < MB * 8 * 64; i += WARPS * 32) red[i >> 6][i & 63] = 0.f;
     __syncthreads();
-#pragma unroll
-    for (int b = 0; b < MB; ++b)
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-                if (b * 8 + 2 * t + (e & 1) < M)
-                    atomicAdd(&red[b * 8 + 2 * t + (e & 1)][4 * g + channel(2 * j + (e >> 1))], y[b][j][e]);
-    __syncthreads();
 #else
-    // warps of the CTA meet in shared memory: red[warp][token][channel], summed in warp order
     __shared__ float red[WARPS][MB * 8][64];
+#endif
 #pragma unroll
     for (int b = 0; b < MB; ++b)
 #pragma unroll
         for (int j = 0; j < 4; ++j)
 #pragma unroll
-            for (int e = 0; e < 4; ++e)
-                red[warp][b * 8 + 2 * t + (e & 1)][4 * g + channel(2 * j + (e >> 1))] = y[b][j][e];
-    __syncthreads();
+            for (int e = 0; e < 4; ++e) {
+                const int m = b * 8 + 2 * t + (e & 1), c = 4 * g + channel(2 * j + (e >> 1));
+#if SCALED
+                if (m < M) atomicAdd(&red[m][c], y[b][j][e]);
+#else
+                red[warp][m][c] = y[b][j][e];
 #endif
+            }
+    __syncthreads();
     const int split = gridDim.z > 1;
     for (int i = threadIdx.x; i < MB * 8 * 64; i += WARPS * 32) {
         const int m = i >> 6, c = i & 63;

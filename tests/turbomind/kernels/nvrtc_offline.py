@@ -1,6 +1,6 @@
-"""Compiling run-time CUDA kernels for sm_90 without a GPU, as CI checks them: lmd's own NVRTC path
-(`lmd.turbomind.kernels.nvrtc.compile_cubin`, NVRTC from the lock's `nvidia-cuda-nvrtc` wheel) and the cuobjdump
-that Triton's wheel carries, for the resources and the SASS."""
+"""Checking run-time CUDA kernels for sm_90 without a GPU, as CI does: they compile with lmd's own NVRTC path
+(`lmd.turbomind.kernels.nvrtc.compile_cubin`, NVRTC from the lock's `nvidia-cuda-nvrtc` wheel), and the cuobjdump
+that Triton's wheel carries reads the resources and the SASS."""
 
 from __future__ import annotations
 
@@ -32,10 +32,6 @@ def cuobjdump() -> str:
     if not tool.exists():
         raise OfflineCompilerMissing(f"no cuobjdump at {tool}")
     return str(tool)
-
-
-def compile_cubin(source: str, arch: str = "sm_90") -> bytes:
-    return nvrtc.compile_cubin(source, arch)
 
 
 def inspect(cubin: bytes) -> tuple[dict[str, int], str]:

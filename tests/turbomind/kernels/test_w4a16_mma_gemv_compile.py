@@ -41,7 +41,7 @@ def offline():
                          f"{s[2].name().replace(' ', '_')}-pdl{int(s[3])}")
 def test_specialization_compiles_for_sm90(offline, spec) -> None:
     dtype, group, cfg, pdl = spec
-    usage, sass = nvrtc_offline.inspect(nvrtc_offline.compile_cubin(kernel_source(dtype, group, cfg, pdl)))
+    usage, sass = nvrtc_offline.inspect(nvrtc.compile_cubin(kernel_source(dtype, group, cfg, pdl), "sm_90"))
     steps, blocks = group // 32, cfg.block_m // 8
     # per k16 step and token block: four weight tiles, and (folding kernel, up to 16 rows) the offsets' MMA
     assert sass.count("HMMA.16816.F32") == steps * 2 * (4 if blocks >= 4 else 5) * blocks
@@ -56,7 +56,7 @@ def test_specialization_compiles_for_sm90(offline, spec) -> None:
 
 def test_compile_errors_name_the_line(offline) -> None:
     with pytest.raises(nvrtc.NvrtcUnavailable, match="NVRTC: .*error"):
-        nvrtc_offline.compile_cubin(kernel_source(torch.float16, 128, MmaGemvConfig()) + "\nint broken(")
+        nvrtc.compile_cubin(kernel_source(torch.float16, 128, MmaGemvConfig()) + "\nint broken(", "sm_90")
 
 
 def test_launch_structs_match_cuda_h(tmp_path: Path) -> None:
