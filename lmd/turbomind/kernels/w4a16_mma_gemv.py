@@ -105,6 +105,7 @@ def tuner_configs(bucket: int, n: int, k: int, group: int) -> list[MmaGemvConfig
             for prefetch in (False, True) if not (prefetch and per_warp == 1)]
 
 
+FRAGMENT = Path(__file__).with_name("w4a16_mma_fragment.cuh").read_text()  # the decode and MMA helpers both kernels use
 SOURCE = Path(__file__).with_suffix(".cu").read_text()
 
 
@@ -117,7 +118,7 @@ def kernel_source(dtype: torch.dtype, group: int, cfg: MmaGemvConfig, pdl: bool 
     defines = {"BF16": int(dtype == torch.bfloat16), "MB": cfg.block_m // 8, "GSTEPS": group // 32,
                "WARPS": cfg.warps, "PREFETCH": int(cfg.prefetch), "WORD_DECODE": int(word_decode(dtype, cfg)),
                "PDL": int(pdl)}
-    return "".join(f"#define {k} {v}\n" for k, v in defines.items()) + SOURCE
+    return "".join(f"#define {k} {v}\n" for k, v in defines.items()) + FRAGMENT + SOURCE
 
 
 @functools.cache
