@@ -100,11 +100,16 @@ def _check(result: int, what: str) -> None:
         raise RuntimeError(f"{what}: CUDA error {result} ({(message.value or b'?').decode()})")
 
 
+STATIC_SHARED_LIMIT = 48 * 1024  # more dynamic shared memory needs the function attribute below
+MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+
+
 class Kernel:
     """A loaded kernel: the driver's function handle, and its module kept alive with it."""
 
     def __init__(self, function: ctypes.c_void_p, module: ctypes.c_void_p) -> None:
         self.function, self.module = function, module
+        self.shared_allowed = STATIC_SHARED_LIMIT  # dynamic shared memory a launch may ask for without opting in
 
 
 def _make_context_current(device: int) -> None:
@@ -168,13 +173,13 @@ class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig (cuda.h)
 PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 
 
-def launch_config(grid: tuple[int, int, int], block: tuple[int, int, int], stream: int, pdl: bool
-                  ) -> tuple[_LaunchConfig, _LaunchAttribute]:
+def launch_config(grid: tuple[int, int, int], block: tuple[int, int, int], stream: int, pdl: bool,
+                  shared_bytes: int = 0) -> tuple[_LaunchConfig, _LaunchAttribute]:
     """cuLaunchKernelEx's config; with `pdl` the launch may start while the previous kernel in the stream finishes
     (the kernel waits with griddepcontrol.wait before it reads that kernel's output). Keep the attribute alive."""
     attr = _LaunchAttribute(id=PROGRAMMATIC_STREAM_SERIALIZATION)
     ctypes.memmove(ctypes.addressof(attr) + _LaunchAttribute.value.offset, ctypes.byref(ctypes.c_int(1)), 4)
-    config = _LaunchConfig(*grid, *block, 0, stream, ctypes.pointer(attr), int(pdl))
+    config = _LaunchConfig(*grid, *block, shared_bytes, stream, ctypes.pointer(attr), int(pdl))
     return config, attr
 
 
@@ -193,10 +198,15 @@ def _kernel_params(args: list[Any]) -> tuple[ctypes.Array, list[Any]]:
 
 
 def launch(kernel: Kernel, grid: tuple[int, int, int], block: tuple[int, int, int], args: list[Any],
-           pdl: bool = False) -> None:
+           pdl: bool = False, shared_bytes: int = 0) -> None:
     """Launch on the current stream of the current device, which must be the kernel's (a CUDA graph capture
-    records it). Tensors pass as pointers, ints as int32. With `pdl`, programmatic stream serialization (sm_90)."""
+    records it). Tensors pass as pointers, ints as int32. With `pdl`, programmatic stream serialization (sm_90);
+    `shared_bytes` of dynamic shared memory (past 48 KiB the function is opted in once, at its first such launch)."""
     _make_context_current(torch.cuda.current_device())
-    config, _attr = launch_config(grid, block, torch.cuda.current_stream().cuda_stream, pdl)
+    if shared_bytes > kernel.shared_allowed:
+        _check(_libcuda().cuFuncSetAttribute(kernel.function, MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_bytes),
+               "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")
+        kernel.shared_allowed = shared_bytes
+    config, _attr = launch_config(grid, block, torch.cuda.current_stream().cuda_stream, pdl, shared_bytes)
     params, _values = _kernel_params(args)
     _check(_libcuda().cuLaunchKernelEx(ctypes.byref(config), kernel.function, params, None), "cuLaunchKernelEx")

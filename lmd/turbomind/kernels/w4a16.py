@@ -9,8 +9,10 @@ On CUDA tensors with Triton present (or under TRITON_INTERPRET=1) the token coun
                    nibbles decoded straight into the MMA fragment ("frag")
                                                        (w4a16_gemm_wt; the usual winner from M = 2 to 128)
     M >= 128    -> Triton dequant, then cuBLAS         (w4a16_dequant)
-    M <= 128    -> warp-level mma.sync in CUDA C++ (NVRTC), opt-in with LMD_W4A16_MMA_GEMV=1 until it has run on
-                   a GPU                              (w4a16_mma_gemv)
+    M <= 128    -> warp-level mma.sync GEMV in CUDA C++ (NVRTC)  (w4a16_mma_gemv)
+    M >= 16     -> warp-level mma.sync GEMM in CUDA C++, a cp.async pipeline through shared memory
+                                                       (w4a16_mma_gemm)
+                   (both opt-in with LMD_W4A16_MMA_GEMV=1 until they have run on a GPU)
 and the measured fastest wins (H200 figures: docs/benchmarks.md). fp16/bf16 activations; other dtypes, CPU tensors
 and machines without Triton take the PyTorch reference. On a GPU the plan of each (bucket, N, K, group, dtype) is
 autotuned once by timing the candidates and cached; `prewarm` does this for every bucket up to max_m, compiles the
@@ -29,11 +31,12 @@ from typing import Union
 
 import torch
 
-from lmd.turbomind.kernels import w4a16_mma_gemv
+from lmd.turbomind.kernels import w4a16_mma_gemm, w4a16_mma_gemv
 from lmd.turbomind.kernels import w4a16_plan_cache as plan_cache
 from lmd.turbomind.kernels import w4a16_shipped_plans as shipped_plans
 from lmd.turbomind.kernels.gpu_timing import cold_call_ms
 from lmd.turbomind.kernels.w4a16_layout import w4a16_matmul_reference
+from lmd.turbomind.kernels.w4a16_mma_gemm import MmaGemmConfig
 from lmd.turbomind.kernels.w4a16_mma_gemv import MmaGemvConfig
 
 try:
@@ -43,13 +46,13 @@ try:
     from lmd.turbomind.kernels.w4a16_gemv import GemvConfig, gemv
 
     PLAN_KINDS: dict[str, type] = {t.__name__: t for t in (GemvConfig, GemmConfig, WtGemmConfig, DequantConfig,
-                                                            MmaGemvConfig)}
+                                                            MmaGemvConfig, MmaGemmConfig)}
     HAS_TRITON = True
 except ImportError:  # the engine still runs, on the reference path
     HAS_TRITON = False
 
 log = logging.getLogger(__name__)
-Plan = Union["GemvConfig", "GemmConfig", "WtGemmConfig", "DequantConfig", MmaGemvConfig]
+Plan = Union["GemvConfig", "GemmConfig", "WtGemmConfig", "DequantConfig", MmaGemvConfig, MmaGemmConfig]
 MAX_BUCKET = 4096
 
 
@@ -90,6 +93,8 @@ def run_plan(plan: Plan, x2d: torch.Tensor, qweight: torch.Tensor, scales: torch
         return gemm_wt(x2d, qweight, scales, zeros, bias, plan)
     if isinstance(plan, MmaGemvConfig):
         return w4a16_mma_gemv.mma_gemv(x2d, qweight, scales, zeros, bias, plan)
+    if isinstance(plan, MmaGemmConfig):
+        return w4a16_mma_gemm.mma_gemm(x2d, qweight, scales, zeros, bias, plan)
     return dequant_matmul(x2d, qweight, scales, zeros, bias, plan)
 
 
@@ -211,6 +216,7 @@ def candidates(bucket: int, n: int, k: int, group: int, device: torch.device) ->
         out.append(DequantConfig(block_k8=8, block_n=256, num_warps=8))
     if w4a16_mma_gemv.enabled(device):
         out.extend(w4a16_mma_gemv.tuner_configs(bucket, n, k, group))
+        out.extend(w4a16_mma_gemm.tuner_configs(bucket, n, k, group, sms))
     return list(dict.fromkeys(out))
 
 

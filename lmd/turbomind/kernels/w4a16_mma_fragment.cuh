@@ -93,11 +93,51 @@ __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
     return r;
 }
 
+// the B fragment of k16 step h from v = x[m, k0 + 8t .. k0 + 8t + 7] (the thread's token row m is the fragment's
+// column g): b0 = (x[.. + 2h], x[.. + 2h + 4]), b1 = (x[.. + 2h + 1], x[.. + 2h + 5]), the k order of the nibbles
+__device__ __forceinline__ void x_fragment(const U4& v, int h, u32& b0, u32& b1) {
+    const u32 lo = h ? v.y : v.x, hi = h ? v.w : v.z;
+    b0 = prmt(lo, hi, 0x5410);
+    b1 = prmt(lo, hi, 0x7632);
+}
+
+// the A fragment of tile j at k16 step h, dequantized: q the thread's 8 words of the k32 step, cs2 and z2 its
+// channels' (C s, z) in both halves. Columns (2t, 2t + 1) hold nibble pair 2h, read as offset_a + c / C (16 + c / 64
+// under word decode), columns (2t + 8, 2t + 9) pair 2h + 1, read as 1 + c / C
+__device__ __forceinline__ void dequant_tile(u32 (&a)[4], int h, int j, const u32* q, const u32* cs2, const u32* z2,
+                                             u32 one, u32 sixteen, u32 offset_a) {
+    units(a, h, q[2 * j], q[2 * j + 1], one, sixteen);
+    a[0] = dequant(a[0], offset_a, cs2[2 * j], z2[2 * j]);
+    a[1] = dequant(a[1], offset_a, cs2[2 * j + 1], z2[2 * j + 1]);
+    a[2] = dequant(a[2], one, cs2[2 * j], z2[2 * j]);
+    a[3] = dequant(a[3], one, cs2[2 * j + 1], z2[2 * j + 1]);
+}
+
 __device__ __forceinline__ void mma(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." MMA_TYPE "." MMA_TYPE ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
         "{%8,%9}, {%0,%1,%2,%3};"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// one k32 step of the dequantizing kernels: y[b][j] += A (tile j, dequantized) B (n8 block b) over both k16 steps;
+// q the thread's 8 words, xv[b] its x row of block b (x[m, k0 + 8t ..]), cs2 and z2 as in dequant_tile
+template <int BLOCKS>
+__device__ __forceinline__ void dequant_mma_k32(float (&y)[BLOCKS][4][4], const u32* q, const U4 (&xv)[BLOCKS],
+                                                const u32* cs2, const u32* z2, u32 one, u32 sixteen, u32 offset_a) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        u32 b0[BLOCKS], b1[BLOCKS];
+#pragma unroll
+        for (int b = 0; b < BLOCKS; ++b) x_fragment(xv[b], h, b0[b], b1[b]);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            u32 a[4];
+            dequant_tile(a, h, j, q, cs2, z2, one, sixteen, offset_a);
+#pragma unroll
+            for (int b = 0; b < BLOCKS; ++b) mma(y[b][j], a[0], a[1], a[2], a[3], b0[b], b1[b]);
+        }
+    }
 }
 
 __device__ __forceinline__ float to_float(u32 halves, int high) {

@@ -95,13 +95,7 @@ w4a16_mma_gemv(const u16* __restrict__ x, const u32* __restrict__ qw, const u16*
     const int end = first + groups_per_cta < groups ? first + groups_per_cta : groups;
 
     const u32 one = opaque(ONE2), sixteen = opaque(0x4C004C00u), offset_a = WORD_DECODE ? sixteen : one;
-    float y[MB][4][4];
-#pragma unroll
-    for (int b = 0; b < MB; ++b)
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) y[b][j][e] = 0.f;
+    float y[MB][4][4] = {};  // n8 block b, weight tile j
 
     Group cur;
     if (first + warp < end) load_weights(cur, qw, scales, zeros, N, first + warp, t, col);
@@ -139,28 +133,7 @@ w4a16_mma_gemv(const u16* __restrict__ x, const u32* __restrict__ qw, const u16*
                 for (int b = 0; b < MB; ++b)
                     xn[b] = load_x_step(x, M, K, b * 8 + g, gi * GSTEPS * 32 + s * 32 + 32, t);
             }
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                u32 b0[MB], b1[MB];
-#pragma unroll
-                for (int b = 0; b < MB; ++b) {
-                    const u32 lo = h ? xv[b].y : xv[b].x, hi = h ? xv[b].w : xv[b].z;
-                    b0[b] = prmt(lo, hi, 0x5410);
-                    b1[b] = prmt(lo, hi, 0x7632);
-                }
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    u32 a[4];
-                    units(a, h, cur.q[s][2 * j], cur.q[s][2 * j + 1], one, sixteen);
-                    // columns (2t, 2t + 1) hold pair 2h (offset 16 under word decode), (2t + 8, ..) pair 2h + 1
-                    a[0] = dequant(a[0], offset_a, cs2[2 * j], z2[2 * j]);
-                    a[1] = dequant(a[1], offset_a, cs2[2 * j + 1], z2[2 * j + 1]);
-                    a[2] = dequant(a[2], one, cs2[2 * j], z2[2 * j]);
-                    a[3] = dequant(a[3], one, cs2[2 * j + 1], z2[2 * j + 1]);
-#pragma unroll
-                    for (int b = 0; b < MB; ++b) mma(y[b][j], a[0], a[1], a[2], a[3], b0[b], b1[b]);
-                }
-            }
+            dequant_mma_k32(y, cur.q[s], xv, cs2, z2, one, sixteen, offset_a);
             if (s + 1 < GSTEPS) {
 #pragma unroll
                 for (int b = 0; b < MB; ++b) xv[b] = xn[b];
@@ -184,9 +157,7 @@ w4a16_mma_gemv(const u16* __restrict__ x, const u32* __restrict__ qw, const u16*
                 u32 b0[MB], b1[MB];
 #pragma unroll
                 for (int b = 0; b < MB; ++b) {
-                    const u32 lo = h ? cur.x[b][s].y : cur.x[b][s].x, hi = h ? cur.x[b][s].w : cur.x[b][s].z;
-                    b0[b] = prmt(lo, hi, 0x5410);  // x[k0 + 8t + 2h], x[... + 2h + 4]
-                    b1[b] = prmt(lo, hi, 0x7632);  // x[k0 + 8t + 2h + 1], x[... + 2h + 5]
+                    x_fragment(cur.x[b][s], h, b0[b], b1[b]);
                     mma(xs[b], offset_a, one, one, one, b0[b], b1[b]);
                 }
 #pragma unroll

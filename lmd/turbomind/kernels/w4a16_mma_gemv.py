@@ -127,27 +127,33 @@ def _kernel(dtype: torch.dtype, group: int, cfg: MmaGemvConfig, pdl: bool, devic
     return nvrtc.compile_kernel(kernel_source(dtype, group, cfg, pdl), "w4a16_mma_gemv", device)
 
 
+def checked_operands(kind: str, x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                     bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(x, bias) as the mma.sync kernels read them (contiguous, x 16-byte aligned: a view at an odd offset is copied);
+    a one-line error for operands they cannot take."""
+    if x2d.dtype not in (torch.float16, torch.bfloat16) or any(
+            t is not None and t.dtype != x2d.dtype for t in (scales, zeros, bias)) or qweight.dtype != torch.int32:
+        raise ValueError(f"{kind} takes fp16/bf16 x with scales, zeros and bias of x's dtype and int32 qweight")
+    if not x2d.is_cuda:
+        raise ValueError(f"{kind} runs on CUDA tensors")
+    if any(t.data_ptr() % 16 or not t.is_contiguous() for t in (qweight, scales, zeros)):
+        raise ValueError(f"{kind} reads qweight, scales and zeros as contiguous 16-byte vectors")
+    if not x2d.is_contiguous():
+        x2d = x2d.contiguous()
+    elif x2d.data_ptr() % 16:
+        x2d = x2d.clone()
+    return x2d, bias.contiguous() if bias is not None else None
+
+
 def mma_gemv(x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
              bias: torch.Tensor | None, cfg: MmaGemvConfig) -> torch.Tensor:
     """x2d [M, K] -> [M, N] in x's dtype, on CUDA; M past cfg.block_m runs as token tiles of block_m rows."""
     m, k = x2d.shape
     n = qweight.shape[1]
     group = k // scales.shape[0]
-    if x2d.dtype not in (torch.float16, torch.bfloat16) or any(
-            t is not None and t.dtype != x2d.dtype for t in (scales, zeros, bias)) or qweight.dtype != torch.int32:
-        raise ValueError("mma-gemv takes fp16/bf16 x with scales, zeros and bias of x's dtype and int32 qweight")
     if not supports(n, k, group):
         raise ValueError(f"mma-gemv needs N % {BLOCK_N} == 0 and a group of {GROUPS}; got N={n}, group={group}")
-    if any(t.data_ptr() % 16 or not t.is_contiguous() for t in (qweight, scales, zeros)):
-        raise ValueError("mma-gemv reads qweight, scales and zeros as contiguous 16-byte vectors")
-    if not x2d.is_contiguous():
-        x2d = x2d.contiguous()
-    elif x2d.data_ptr() % 16:  # x likewise; a view at an odd offset is copied
-        x2d = x2d.clone()
-    if bias is not None:
-        bias = bias.contiguous()
-    if not x2d.is_cuda:
-        raise ValueError("mma-gemv runs on CUDA tensors")
+    x2d, bias = checked_operands("mma-gemv", x2d, qweight, scales, zeros, bias)
     from lmd.turbomind.kernels.pdl import pdl_enabled  # both import Triton, which the tuner has by now
     from lmd.turbomind.kernels.w4a16_epilogue import SplitKWorkspace
 

@@ -8,28 +8,16 @@ import torch
 
 from lmd.turbomind.kernels import nvrtc
 from lmd.turbomind.kernels import w4a16_mma_gemv as kernel
-from lmd.turbomind.kernels.w4a16_layout import quantize_to_engine, unpack_codes_along_k, w4a16_matmul_reference
+from lmd.turbomind.kernels.w4a16_layout import unpack_codes_along_k, w4a16_matmul_reference
 from lmd.turbomind.kernels.w4a16_mma_gemv import MmaGemvConfig, mma_gemv, mma_gemv_reference, unit_values
 from tests.turbomind.kernels import mma_gemv_lanes
-
-DTYPES = (torch.float16, torch.bfloat16)
-# the tuner's own limits (w4a16.output_is_wrong), spelled out so that this file needs no Triton
-ROW_LIMIT = {torch.float16: 3e-3, torch.bfloat16: 2.5e-2}
-
-
-def _weights(n: int, k: int, group: int, dtype: torch.dtype, seed: int = 0):
-    gen = torch.Generator().manual_seed(seed)
-    return quantize_to_engine(torch.randn(n, k, generator=gen) * 0.02, group, dtype)
-
-
-def _row_errors(y: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    return (y.float() - ref).norm(dim=1) / ref.norm(dim=1)
+from tests.turbomind.kernels.mma_cases import DTYPES, ROW_LIMIT, engine_weights, lane_case, row_errors
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("word", [True, False])
 def test_decode_bits_read_as_code_over_scale_plus_offset(dtype, word) -> None:
-    qweight, _, _ = _weights(64, 256, 64, dtype)
+    qweight, _, _ = engine_weights(64, 256, 64, dtype)
     values, offsets = unit_values(qweight, dtype, word and dtype == torch.float16)
     codes = unpack_codes_along_k(qweight).reshape(32, 8, 64).permute(0, 2, 1).float()  # [K/8, N, nibble]
     scale = 64.0 if word and dtype == torch.float16 else 16.0
@@ -40,12 +28,12 @@ def test_decode_bits_read_as_code_over_scale_plus_offset(dtype, word) -> None:
 @pytest.mark.parametrize("group", kernel.GROUPS)
 @pytest.mark.parametrize("word", [True, False])
 def test_twin_matches_the_engine_reference(dtype, group, word) -> None:
-    qweight, scales, zeros = _weights(128, 512, group, dtype)
+    qweight, scales, zeros = engine_weights(128, 512, group, dtype)
     x = torch.randn(11, 512, dtype=dtype, generator=torch.Generator().manual_seed(1)) * 3
     ref = w4a16_matmul_reference(x.float(), qweight, scales, zeros).float()
     y = mma_gemv_reference(x, qweight, scales, zeros, MmaGemvConfig(16, word_decode=word))
     # the fold's cancellation costs a few of fp32's 24 bits: far below one rounding of the output
-    assert _row_errors(y, ref).max() < ROW_LIMIT[dtype] / 5
+    assert row_errors(y, ref).max() < ROW_LIMIT[dtype] / 5
 
 
 CASES = [  # (n, k, group, m, config): unsplit and split-K launches, both token blocks, 1-8 warps, both decodes
@@ -66,34 +54,30 @@ CASES = [  # (n, k, group, m, config): unsplit and split-K launches, both token 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"n{c[0]}k{c[1]}g{c[2]}m{c[3]}-{c[4].name().replace(' ', '_')}")
 def test_lane_emulation_of_the_kernel_matches_the_reference(dtype, case) -> None:
     n, k, group, m, cfg = case
-    qweight, scales, zeros = _weights(n, k, group, dtype, seed=n + m)
-    gen = torch.Generator().manual_seed(m)
-    x = torch.randn(m, k, dtype=dtype, generator=gen)
-    bias = torch.randn(n, dtype=dtype, generator=gen)
-    ref = w4a16_matmul_reference(x.float(), qweight, scales, zeros).float() + bias.float()
+    qweight, scales, zeros, x, bias, ref = lane_case(n, k, group, m, dtype)
     y = mma_gemv_lanes.run(x, qweight, scales, zeros, bias, cfg)
     assert y.shape == (m, n) and y.dtype == dtype
-    assert _row_errors(y, ref).max() < ROW_LIMIT[dtype]
+    assert row_errors(y, ref).max() < ROW_LIMIT[dtype]
     twin = mma_gemv_reference(x, qweight, scales, zeros, cfg).float() + bias.float()
-    assert _row_errors(y, twin).max() < ROW_LIMIT[dtype]
+    assert row_errors(y, twin).max() < ROW_LIMIT[dtype]
 
 
 def test_the_emulation_catches_a_wrong_fragment_plan(monkeypatch) -> None:
     """Swapping the two PRMT selectors (x paired with the wrong nibbles) must fail the check above."""
-    qweight, scales, zeros = _weights(64, 256, 128, torch.float16)
+    qweight, scales, zeros = engine_weights(64, 256, 128, torch.float16)
     x = torch.randn(2, 256, dtype=torch.float16, generator=torch.Generator().manual_seed(3))
     ref = w4a16_matmul_reference(x.float(), qweight, scales, zeros).float()
     prmt = mma_gemv_lanes.prmt
     monkeypatch.setattr(mma_gemv_lanes, "prmt", lambda a, b, sel: prmt(a, b, sel ^ 0x7632 ^ 0x5410))
     y = mma_gemv_lanes.run(x, qweight, scales, zeros, None, MmaGemvConfig(8, 2, 1))
-    assert _row_errors(y, ref).max() > 0.1
+    assert row_errors(y, ref).max() > 0.1
 
 
 def test_the_emulation_reads_the_constants_the_source_uses() -> None:
     for text in ("0x5410", "0x7632", "0x000F000Fu", "0x00F000F0u", "0x4C004C00u", "0x3C003C00u", "0x3F803F80u",
                  "0x00780078u", "0x03C003C0u", "m16n8k16.row.col.f32", "q >> 8", "offset_a, one, one, one",
                  "cs * (d[b][j][2 * r] - xs[b][0]);", "zr * xs[b][2];"):
-        assert text in kernel.SOURCE, text
+        assert text in kernel.FRAGMENT + kernel.SOURCE, text
 
 
 def test_kernel_source_specializes_by_dtype_and_config() -> None:
@@ -104,10 +88,10 @@ def test_kernel_source_specializes_by_dtype_and_config() -> None:
 
 
 def test_wrapper_rejects_what_the_kernel_cannot_take() -> None:
-    qweight, scales, zeros = _weights(96, 256, 128, torch.float16)  # N = 96: not whole 64-channel blocks
+    qweight, scales, zeros = engine_weights(96, 256, 128, torch.float16)  # N = 96: not whole 64-channel blocks
     with pytest.raises(ValueError, match="N % 64"):
         mma_gemv(torch.randn(1, 256, dtype=torch.float16), qweight, scales, zeros, None, MmaGemvConfig())
-    qweight, scales, zeros = _weights(64, 256, 128, torch.float16)
+    qweight, scales, zeros = engine_weights(64, 256, 128, torch.float16)
     with pytest.raises(ValueError, match="CUDA tensors"):
         mma_gemv(torch.randn(1, 256, dtype=torch.float16), qweight, scales, zeros, None, MmaGemvConfig())
     with pytest.raises(ValueError, match="fp16/bf16 x"):

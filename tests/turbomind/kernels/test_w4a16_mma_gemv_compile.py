@@ -29,14 +29,6 @@ SPECIALIZATIONS = [  # (dtype, group, config, pdl): both dtypes, token blocks, g
 ]
 
 
-@pytest.fixture(scope="module")
-def offline():
-    try:
-        nvrtc_offline.check_tools()
-    except nvrtc_offline.OfflineCompilerMissing as e:
-        pytest.skip(str(e))
-
-
 @pytest.mark.parametrize("spec", SPECIALIZATIONS, ids=lambda s: f"{str(s[0])[6:]}-g{s[1]}-"
                          f"{s[2].name().replace(' ', '_')}-pdl{int(s[3])}")
 def test_specialization_compiles_for_sm90(offline, spec) -> None:
