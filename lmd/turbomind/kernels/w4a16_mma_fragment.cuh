@@ -1,5 +1,5 @@
 // The pieces of a W4A16 mma.sync kernel that the GEMV (w4a16_mma_gemv.cu) and the GEMM (w4a16_mma_gemm.cu) share:
-// the nibble decode into MMA fragments, the dequant, the MMA itself. Prepended to each kernel's source after its
+// the nibble decode into MMA fragments, the dequant, the MMA itself, the split-K finish. Prepended to each kernel's source after its
 // defines (BF16, WORD_DECODE); the fragment plan is drawn in w4a16_mma_gemv.py.
 typedef unsigned int u32;
 typedef unsigned short u16;
@@ -168,3 +168,24 @@ __device__ __forceinline__ u32 word(const U4& v, int i) { return i == 0 ? v.x : 
 // The thread's 8 channels are two runs of 4, col .. col + 3 and col + 32 .. col + 35 (col = block start + 4g): each
 // 16-byte load of the warp then reads whole 128-byte rows (lanes g = 0..7), no sector split between two loads.
 __device__ __forceinline__ int channel(int e) { return e < 4 ? e : 28 + e; }  // word e's channel, from col
+
+// split-K (w4a16_epilogue's protocol): once every CTA of an output tile has added its fp32 partials into ws, the last
+// one to bump the tile's counter writes the tile's M x cols outputs (+ bias) from the sum, zeroes the workspace and
+// resets the counter, so both are all-zero between launches. ws and out point at the tile's first row.
+__device__ __forceinline__ void finish_split_k(float* ws, int* counters, int tile, u16* out, const u16* bias,
+                                               int has_bias, int M, int N, int n0, int cols, int threads) {
+    __shared__ int last_cta;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last_cta = atomicAdd(counters + tile, 1) == (int)gridDim.z - 1;
+    __syncthreads();
+    if (!last_cta) return;
+    __threadfence();
+    for (int i = threadIdx.x; i < M * cols; i += threads) {
+        const int m = i / cols, n = n0 + i % cols;
+        float v = atomicExch(ws + (u64)m * N + n, 0.f);
+        if (has_bias) v += to_float(bias[n], 0);
+        out[(u64)m * N + n] = from_float(v);
+    }
+    if (threadIdx.x == 0) atomicExch(counters + tile, 0);
+}

@@ -247,21 +247,5 @@ w4a16_mma_gemm(const u16* __restrict__ x, const u32* __restrict__ qw, const u16*
             }
         }
     }
-    if (!split) return;
-    // split-K: the last CTA of the tile reads the sum, zeroes the workspace, resets the counter (w4a16_epilogue)
-    __shared__ int last_cta;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last_cta = atomicAdd(counters + tile, 1) == (int)gridDim.z - 1;
-    __syncthreads();
-    if (!last_cta) return;
-    __threadfence();
-    for (int i = threadIdx.x; i < BM * BN; i += THREADS) {
-        const int m = i / BN, n = n0 + i % BN;
-        if (m >= M) break;  // rows in order: the rest are past M too
-        float v = atomicExch(ws + (u64)m * N + n, 0.f);
-        if (has_bias) v += to_float(bias[n], 0);
-        out[(u64)m * N + n] = from_float(v);
-    }
-    if (threadIdx.x == 0) atomicExch(counters + tile, 0);
+    if (split) finish_split_k(ws, counters, tile, out, bias, has_bias, M, N, n0, BN, THREADS);
 }

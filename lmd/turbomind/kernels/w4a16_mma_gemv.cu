@@ -199,7 +199,6 @@ w4a16_mma_gemv(const u16* __restrict__ x, const u32* __restrict__ qw, const u16*
 #endif
     }
 
-    __shared__ int last_cta;
     // warps of the CTA meet in shared memory: SCALED red[token][channel], zeroed first and added atomically (32 rows
     // of every warp would not fit side by side); else red[warp][token][channel], summed in warp order below
 #if SCALED
@@ -242,21 +241,5 @@ w4a16_mma_gemv(const u16* __restrict__ x, const u32* __restrict__ qw, const u16*
             out[(u64)m * N + n] = from_float(v);
         }
     }
-    if (!split) return;
-    // split-K: the last CTA of the column block reads the sum, zeroes the workspace, resets the counter
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last_cta = atomicAdd(counters + tile, 1) == (int)gridDim.z - 1;
-    __syncthreads();
-    if (!last_cta) return;
-    __threadfence();
-    for (int i = threadIdx.x; i < MB * 8 * 64; i += WARPS * 32) {
-        const int m = i >> 6, c = i & 63;
-        if (m >= M) continue;
-        const int n = blockIdx.y * 64 + c;
-        float v = atomicExch(ws + (u64)m * N + n, 0.f);
-        if (has_bias) v += to_float(bias[n], 0);
-        out[(u64)m * N + n] = from_float(v);
-    }
-    if (threadIdx.x == 0) atomicExch(counters + tile, 0);
+    if (split) finish_split_k(ws, counters, tile, out, bias, has_bias, M, N, blockIdx.y * 64, 64, WARPS * 32);
 }
