@@ -20,13 +20,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lmd.turbomind.kernels import nvrtc  # noqa: E402
+from lmd.turbomind.kernels import nvrtc, w4a16_mma_gemm  # noqa: E402
 from lmd.turbomind.kernels.w4a16 import default_plan, m_bucket, prewarm, run_plan, w4a16_linear  # noqa: E402
 from lmd.turbomind.kernels.w4a16_dequant import DequantConfig  # noqa: E402
 from lmd.turbomind.kernels.w4a16_gemm import GemmConfig  # noqa: E402
 from lmd.turbomind.kernels.w4a16_gemm_wt import WtGemmConfig  # noqa: E402
 from lmd.turbomind.kernels.w4a16_gemv import GemvConfig  # noqa: E402
 from lmd.turbomind.kernels.w4a16_layout import quantize_to_engine, w4a16_matmul_reference  # noqa: E402
+from lmd.turbomind.kernels.w4a16_mma_gemm import MmaGemmConfig  # noqa: E402
 from lmd.turbomind.kernels.w4a16_mma_gemv import BLOCK_MS, MmaGemvConfig, launch_shape  # noqa: E402
 
 SHAPES = ((4096, 4096), (11008, 4096), (4096, 11008), (12288, 4096))  # (N out, K in), Llama-7B
@@ -71,6 +72,10 @@ def paths_for(m: int) -> list:
         plans.append(MmaGemvConfig(block_m, 4, 1, False))
         plans.append(MmaGemvConfig(block_m, 2, 4, True))
         plans.append(MmaGemvConfig(block_m, 8, 2, True, False))
+    if m >= 16 and nvrtc.available():  # the CUDA mma.sync GEMM, likewise
+        plans.append(MmaGemmConfig(2, 1, 16, 3, 4))
+        plans.append(MmaGemmConfig(2, 2, 32, 4, 1))
+        plans.append(MmaGemmConfig(2, 2, 64, 3, 2, False))
     return plans
 
 
@@ -84,7 +89,8 @@ def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="one shape, one group")
-    parser.add_argument("--only", help="only plans whose name starts with this (gemv, gemm, wt, dequant, mma-gemv)")
+    parser.add_argument("--only", help="only plans whose name starts with this (gemv, gemm, wt, dequant, mma-gemv, "
+                        "mma-gemm)")
     parser.add_argument("--no-graphs", action="store_true", help="skip the CUDA-graph replays after prewarm")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -109,8 +115,12 @@ def main() -> int:
                         want = ref + bias.float() if use_bias else ref
                         err = rel_err(y, want)
                         ok = err < TOL[dtype]
-                        splits = (launch_shape(plan, m, n, k, group)[2] if isinstance(plan, MmaGemvConfig)
-                                  else getattr(plan, "split_k", 1))
+                        if isinstance(plan, MmaGemvConfig):
+                            splits = launch_shape(plan, m, n, k, group)[2]
+                        elif isinstance(plan, MmaGemmConfig):
+                            splits = w4a16_mma_gemm.launch_shape(plan, m, n, k)[0][2]
+                        else:
+                            splits = getattr(plan, "split_k", 1)
                         if ok and splits > 1:  # a race shows as a second run that disagrees
                             err2 = rel_err(run_plan(plan, x, qw, s, z, bias if use_bias else None), want)
                             ok = abs(err2 - err) < TOL[dtype]

@@ -84,7 +84,7 @@ def supports(n: int, k: int, group: int) -> bool:
 
 def enabled(device: torch.device) -> bool:
     """Whether the tuner offers this kernel: opt-in (`LMD_W4A16_MMA_GEMV=1`) until it has passed
-    `benchmarks/w4a16_mma_gemv_probe.py` on a GPU, on CUDA devices where NVRTC works."""
+    `benchmarks/w4a16_mma_probe.py` on a GPU, on CUDA devices where NVRTC works."""
     return os.environ.get("LMD_W4A16_MMA_GEMV") == "1" and device.type == "cuda" and nvrtc.available()
 
 

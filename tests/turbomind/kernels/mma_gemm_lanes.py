@@ -5,7 +5,7 @@ byte-addressed shared memory at the swizzled addresses, the pipeline's order of 
 8-byte shared loads (each checked for bank conflicts: a phase of 8 or 16 lanes must touch different banks unless
 lanes share an address), the decode, dequant and `mma.sync` fragments of the GEMV's lane emulation
 (`mma_gemv_lanes`), the stores of the D fragments (each output element written exactly once) and the split-K
-workspace. What the CUDA text does on a GPU is the probe's job (`benchmarks/w4a16_mma_gemv_probe.py`).
+workspace. What the CUDA text does on a GPU is the probe's job (`benchmarks/w4a16_mma_probe.py`).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ same shifts, masks, PRMT selectors and 1.0 bits, `mma.sync.m16n8k16` through the
 specifies (A: a0 = row g cols 2t..2t+1, a1 = row g+8, a2 = row g cols 2t+8.., a3 = row g+8 cols 2t+8..; B: b0 = rows
 2t..2t+1 col g, b1 = rows 2t+8..; C/D: c0, c1 = row g cols 2t..2t+1, c2, c3 = row g+8), the per-group fold, the
 warps' shared-memory sum and the split-K workspace. What it checks is the kernel's index and bit plan; that the
-CUDA text says the same is the GPU probe's job (`benchmarks/w4a16_mma_gemv_probe.py`).
+CUDA text says the same is the GPU probe's job (`benchmarks/w4a16_mma_probe.py`).
 """
 
 from __future__ import annotations

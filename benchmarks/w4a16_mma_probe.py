@@ -1,0 +1,246 @@
+"""The CUDA `mma.sync` W4A16 kernels on the GPU, the GEMV for 1-128 token rows (`w4a16_mma_gemv`) and the GEMM for 16
+rows and more (`w4a16_mma_gemm`): correctness, then speed beside lmd's shipped W4A16 plan for the same bucket and
+fp16 cuBLAS (issue 18).
+
+    python3 benchmarks/w4a16_mma_probe.py [--ms 1,4,8,16,32,64,128,256,1024] [--shapes 12288x4096,...] [--quick]
+
+1. Checks: fp16 and bf16, groups 32/64/128, with and without bias, split and unsplit launches, the GEMV at M =
+   1..128 (every block size, several token tiles) and the GEMM at M = 16..300 (every warp height, short last
+   tiles), against `w4a16_matmul_reference` (`output_is_wrong`, the tuner's limits) and each kernel's PyTorch twin;
+   20 CUDA-graph replays of each must repeat the eager result. Any failure makes the exit non-zero and skips
+   nothing else.
+2. Timing: µs per call in a CUDA graph over weight copies worth more than L2 (as `benchmarks/kernels.py`), every
+   config of `gemv_configs` / `gemm_configs`, beside the plan `plan_for` picks today (shipped table or tuning) and
+   fp16 cuBLAS.
+Writes $OUT/w4a16_mma_probe.json and prints a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lmd.turbomind.kernels.gpu_timing import graph_ms  # noqa: E402
+from lmd.turbomind.kernels.w4a16 import output_is_wrong, plan_for, run_plan  # noqa: E402
+from lmd.turbomind.kernels.w4a16_layout import quantize_to_engine, w4a16_matmul_reference  # noqa: E402
+from lmd.turbomind.kernels.w4a16_mma_gemm import MmaGemmConfig, mma_gemm, mma_gemm_reference  # noqa: E402
+from lmd.turbomind.kernels.w4a16_mma_gemm import tuner_configs as gemm_tuner_configs  # noqa: E402
+from lmd.turbomind.kernels.w4a16_mma_gemv import (  # noqa: E402
+    MAX_ROWS,
+    MmaGemvConfig,
+    mma_gemv,
+    mma_gemv_reference,
+    tuner_configs,
+)
+
+SHAPES = "12288x4096,4096x4096,22016x4096,4096x11008"
+
+
+def gemv_configs(m: int) -> list[MmaGemvConfig]:
+    """The tuner's configs for M's bucket, more groups per warp, and a few with the per-pair decode to compare."""
+    bucket = min(1 << max(m - 1, 0).bit_length(), MAX_ROWS)  # past MAX_ROWS: the 128-row configs, more tiles
+    tuned = tuner_configs(bucket, 4096, 4096, 128)
+    block_m = tuned[0].block_m
+    more = [MmaGemvConfig(block_m, w, 8, pf) for w in (2, 4) for pf in (False, True)]
+    pair = [MmaGemvConfig(block_m, w, gpw, pf, False) for w, gpw, pf in ((4, 2, True), (8, 1, False), (4, 4, True))]
+    return tuned + more + pair
+
+
+def gemm_configs(m: int, n: int, k: int) -> list[MmaGemmConfig]:
+    """The tuner's configs for M's bucket, and deeper pipelines of its largest tiles."""
+    bucket = min(1 << max(m - 1, 0).bit_length(), 4096)
+    tuned = gemm_tuner_configs(bucket, n, k, 128, torch.cuda.get_device_properties(0).multi_processor_count)
+    deeper = [MmaGemmConfig(c.warps_n, c.warps_m, c.warp_m, 6, c.split) for c in tuned[-4:] if c.stages == 4]
+    return tuned + deeper
+
+
+def replays_repeat(run, x: torch.Tensor) -> bool:
+    """20 graph replays of run(x) give the eager output (the split-K workspace cleans itself between calls)."""
+    eager = run(x)
+    holder = []
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run(x)
+    torch.cuda.current_stream().wait_stream(stream)
+    with torch.cuda.graph(graph):
+        holder.append(run(x))
+    for _ in range(20):
+        graph.replay()
+        if output_is_wrong(holder[0], eager.float()) or not torch.allclose(holder[0], eager, rtol=1e-2, atol=1e-3):
+            return False
+    return True
+
+
+def judge(failures: list[str], what: str, y: torch.Tensor, ref: torch.Tensor, twin: torch.Tensor,
+          bias: torch.Tensor | None) -> None:
+    """A failure unless y is within the tuner's limits of the reference and close to the kernel's twin."""
+    add = bias.float() if bias is not None else 0
+    want = ref + add
+    err = ((y.float() - want).norm() / want.norm()).item()
+    twin_err = ((y.float() - twin.float() - add).norm() / want.norm()).item()
+    if output_is_wrong(y, want) or twin_err > (1e-2 if y.dtype == torch.bfloat16 else 2e-3):
+        failures.append(f"{what} bias={bias is not None}: rel err {err:.3g}, vs twin {twin_err:.3g}")
+
+
+def check_gemm(failures: list[str]) -> int:
+    dev = torch.device("cuda")
+    cases = 0
+    for dtype in (torch.float16, torch.bfloat16):
+        for n, k, group in ((256, 1024, 128), (128, 512, 64), (256, 768, 32), (4096, 4096, 128), (512, 11008, 128)):
+            w = torch.randn(n, k, device=dev) * 0.02
+            qw, s, z = quantize_to_engine(w, group, dtype)
+            bias = torch.randn(n, device=dev, dtype=dtype)
+            for m in (16, 20, 45, 64, 128, 300):
+                x = torch.randn(m, k, device=dev, dtype=dtype)
+                ref = w4a16_matmul_reference(x.float(), qw, s, z)
+                twin = mma_gemm_reference(x, qw, s, z)
+                for cfg in (MmaGemmConfig(2, 1, 16, 3, 1), MmaGemmConfig(2, 2, 32, 4, 4), MmaGemmConfig(1, 2, 64, 3, 1),
+                            MmaGemmConfig(2, 2, 64, 2, 3), MmaGemmConfig(1, 8, 16, 4, 1),
+                            MmaGemmConfig(4, 2, 32, 3, 2, False), MmaGemmConfig(2, 4, 64, 4, 1)):
+                    if n % cfg.block_n:
+                        continue
+                    for b in (None, bias):
+                        cases += 1
+                        judge(failures, f"{cfg.name()} {dtype} n{n} k{k} g{group} m{m}",
+                              mma_gemm(x, qw, s, z, b, cfg), ref, twin, b)
+            for cfg in (MmaGemmConfig(2, 1, 16, 3, 4), MmaGemmConfig(2, 2, 32, 3, 1)):
+                if n % cfg.block_n == 0:
+                    cases += 1
+                    if not replays_repeat(lambda x, c=cfg, w=(qw, s, z): mma_gemm(x, *w, None, c),
+                                          torch.randn(37, k, device=dev, dtype=dtype)):
+                        failures.append(f"graph replay differs {cfg.name()} {dtype} n{n} k{k}")
+    return cases
+
+
+def check_gemv(failures: list[str]) -> int:
+    dev = torch.device("cuda")
+    cases = 0
+    for dtype in (torch.float16, torch.bfloat16):
+        for n, k, group in ((256, 1024, 128), (128, 512, 64), (192, 768, 32), (4096, 4096, 128), (64, 11008, 128)):
+            w = torch.randn(n, k, device=dev) * 0.02
+            qw, s, z = quantize_to_engine(w, group, dtype)
+            bias = torch.randn(n, device=dev, dtype=dtype)
+            for m in (1, 2, 5, 8, 9, 16, 20, 32, 45, 128):
+                x = torch.randn(m, k, device=dev, dtype=dtype)
+                ref = w4a16_matmul_reference(x.float(), qw, s, z)
+                twin = mma_gemv_reference(x, qw, s, z)
+                small = 8 if m <= 8 else 16
+                for cfg in (MmaGemvConfig(small, 4, 1, False), MmaGemvConfig(16, 2, 2, True),
+                            MmaGemvConfig(16, 8, 64, False), MmaGemvConfig(small, 4, 2, True, False),
+                            MmaGemvConfig(32, 4, 1, False), MmaGemvConfig(32, 2, 2, True, False),
+                            MmaGemvConfig(32, 8, 64, True)):
+                    if m > 16 and cfg.block_m < 32:
+                        continue
+                    for b in (None, bias):
+                        cases += 1
+                        judge(failures, f"{cfg.name()} {dtype} n{n} k{k} g{group} m{m}",
+                              mma_gemv(x, qw, s, z, b, cfg), ref, twin, b)
+            cases += 1
+            if not replays_repeat(lambda x, w=(qw, s, z): mma_gemv(x, *w, None, MmaGemvConfig(8, 2, 1, False)),
+                                  torch.randn(3, k, device=dev, dtype=dtype)):
+                failures.append(f"graph replay differs mma-gemv {dtype} n{n} k{k}")
+    return cases
+
+
+def graph_us(fns: list) -> float:
+    return graph_ms(fns, 30) * 1000.0
+
+
+def fastest(family: dict[str, float]) -> tuple[float, str]:
+    return min(((v, name) for name, v in family.items() if v == v), default=(float("nan"), "none right"))
+
+
+def bench(n: int, k: int, ms: list[int], group: int, quick: bool) -> list[dict]:
+    dev = torch.device("cuda")
+    w = torch.randn(n, k, device=dev, dtype=torch.float16) * 0.02
+    qw, s, z = quantize_to_engine(w, group, torch.float16)
+    q_bytes = qw.numel() * 4 + 2 * s.numel() * 2
+    copies = max(4, min(64, -(-256 * 2**20 // q_bytes)))
+    quant = [(qw.clone(), s.clone(), z.clone()) for _ in range(copies)]
+    fp16_w = [w.clone() for _ in range(max(4, min(copies, -(-256 * 2**20 // (n * k * 2)))))]
+    rows = []
+    for m in ms:
+        x = torch.randn(m, k, device=dev, dtype=torch.float16)
+        t_fp16 = graph_us([lambda wi=wi, x=x: F.linear(x, wi) for wi in fp16_w])
+        plan = plan_for(m, qw, s, z, torch.float16)
+        t_plan = graph_us([lambda p=p, x=x, c=plan: run_plan(c, x, *p) for p in quant])
+        ref = w4a16_matmul_reference(x.float(), qw, s, z)
+        families = {"gemv": (mma_gemv, gemv_configs(m) if m <= MAX_ROWS else []),
+                    "gemm": (mma_gemm, gemm_configs(m, n, k) if m >= 16 else [])}
+        timings: dict[str, dict[str, float]] = {}
+        for family, (kernel, configs) in families.items():
+            timings[family] = {}
+            for cfg in configs[::3] if quick else configs:
+                if n % getattr(cfg, "block_n", 64):
+                    continue
+                y = kernel(x, qw, s, z, None, cfg)
+                if output_is_wrong(y, ref):
+                    timings[family][cfg.name()] = float("nan")
+                    continue
+                timings[family][cfg.name()] = graph_us([lambda p=p, x=x, c=cfg, f=kernel: f(x, *p, None, c)
+                                                        for p in quant])
+        (gemv_us, gemv_name), (gemm_us, gemm_name) = fastest(timings["gemv"]), fastest(timings["gemm"])
+        best = min((v for v in (gemv_us, gemm_us) if v == v), default=float("nan"))
+        moved = q_bytes + 2 * m * (k + n)
+        row = dict(n=n, k=k, m=m, fp16_us=t_fp16, plan=plan.name(), plan_us=t_plan, gemv_us=gemv_us,
+                   gemv_best=gemv_name, gemm_us=gemm_us, gemm_best=gemm_name, mma_us=best,
+                   mma_tb_s=moved / (best * 1e-6) / 1e12, vs_fp16=t_fp16 / best, vs_plan=t_plan / best,
+                   timings=timings)
+        rows.append(row)
+        print(f"{n}x{k} m={m:4d} fp16 {t_fp16:6.1f} plan {t_plan:6.1f} [{plan.name()}] gemv {gemv_us:6.1f} "
+              f"[{gemv_name}] gemm {gemm_us:6.1f} [{gemm_name}] {row['mma_tb_s']:.2f} TB/s x{row['vs_fp16']:.2f} "
+              f"fp16 x{row['vs_plan']:.2f} plan", flush=True)
+        for family, found in timings.items():
+            top = sorted((v, name) for name, v in found.items() if v == v)[:4]
+            if top:
+                print(f"    {family} top: " + ", ".join(f"{name} {v:.1f}" for v, name in top), flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--shapes", default=SHAPES)
+    parser.add_argument("--ms", default="1,4,8,16,32,64,128,256,1024")
+    parser.add_argument("--group", type=int, default=128)
+    parser.add_argument("--quick", action="store_true", help="a third of the configs")
+    parser.add_argument("--no-bench", action="store_true")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    props = torch.cuda.get_device_properties(0)
+    print(f"{props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}", flush=True)
+    start = time.time()
+    failures: list[str] = []
+    cases = check_gemv(failures) + check_gemm(failures)
+    print(f"checks: {cases} cases, {len(failures)} failures ({time.time() - start:.1f} s)", flush=True)
+    for f in failures[:30]:
+        print("  FAIL " + f)
+    rows = []
+    if not args.no_bench:
+        for shape in args.shapes.split(","):
+            n, k = (int(v) for v in shape.split("x"))
+            rows += bench(n, k, [int(v) for v in args.ms.split(",")], args.group, args.quick)
+    out = Path(os.environ.get("OUT", "."), "w4a16_mma_probe.json")
+    out.write_text(json.dumps(dict(gpu=props.name, cases=cases, failures=failures, rows=rows), indent=1))
+    print(f"\nmma.sync W4A16 g{args.group}, {props.name}: µs per call (graph, cold weights)")
+    print(f"{'N x K':12s} {'M':>4s} {'fp16':>7s} {'plan':>7s} {'gemv':>7s} {'gemm':>7s} {'x fp16':>7s} {'x plan':>7s}  "
+          "best config")
+    for r in rows:
+        best = r["gemv_best"] if r["gemv_us"] == r["mma_us"] else r["gemm_best"]
+        print(f"{r['n']}x{r['k']:<7d} {r['m']:4d} {r['fp16_us']:7.1f} {r['plan_us']:7.1f} {r['gemv_us']:7.1f} "
+              f"{r['gemm_us']:7.1f} {r['vs_fp16']:7.2f} {r['vs_plan']:7.2f}  {best}")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
