@@ -1,6 +1,6 @@
-// The pieces of a W4A16 mma.sync kernel that the GEMV (w4a16_mma_gemv.cu) and the GEMM (w4a16_mma_gemm.cu) share:
-// the nibble decode into MMA fragments, the dequant, the MMA itself, the split-K finish. Prepended to each kernel's source after its
-// defines (BF16, WORD_DECODE); the fragment plan is drawn in w4a16_mma_gemv.py.
+// The pieces the W4A16 CUDA kernels share (the mma.sync GEMV and GEMM, the wgmma GEMM): the nibble decode into MMA
+// fragments, the dequant, the MMA itself, the split-K finish. Prepended to each kernel's source after its defines
+// (BF16, WORD_DECODE); the fragment plan is drawn in w4a16_mma_gemv.py.
 typedef unsigned int u32;
 typedef unsigned short u16;
 typedef unsigned long long u64;

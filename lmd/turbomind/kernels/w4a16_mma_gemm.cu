@@ -1,7 +1,7 @@
 // W4A16 GEMM on mma.sync for 16 token rows and more. The design, the shared-memory layout and its invariants:
-// w4a16_mma_gemm.py. Compiled at run time by NVRTC with the defines kernel_source() prepends (BF16, WARPS_N,
-// WARPS_M, MB, STAGES, GROUP, WORD_DECODE, PDL) and w4a16_mma_fragment.cuh; tests/turbomind/kernels/mma_gemm_lanes.py
-// emulates it lane by lane.
+// w4a16_mma_gemm.py. Compiled at run time by NVRTC after the defines kernel_source() prepends (BF16, WARPS_N,
+// WARPS_M, MB, STAGES, GROUP, WORD_DECODE, PDL), w4a16_mma_fragment.cuh and cuda_pipeline.cuh;
+// tests/turbomind/kernels/mma_gemm_lanes.py emulates it lane by lane.
 
 #define BN (64 * WARPS_N)         // output channels of a CTA: 64 a warp (the fragment plan's four 16-row tiles)
 #define BM (8 * MB * WARPS_M)     // token rows of a CTA: MB n8 blocks a warp
@@ -23,39 +23,6 @@
 //          row m lives at c ^ 4 (m & 1): the two rows of a phase take the two halves of the line
 __device__ __forceinline__ int w_chunk(int row, int c) { return c ^ ((row & 3) << 1); }
 __device__ __forceinline__ int x_chunk(int row, int c) { return c ^ ((row & 1) << 2); }
-
-__device__ __forceinline__ u32 smem_address(const void* p) { return (u32)__cvta_generic_to_shared(p); }
-
-// 16 bytes global -> shared, asynchronously; with valid false the 16 bytes are zero-filled and nothing is read
-__device__ __forceinline__ void copy16(u32 dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
-
-__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-
-template <int PENDING>
-__device__ __forceinline__ void wait_stages() { asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory"); }
-
-__device__ __forceinline__ U4 lds128(u32 address) {
-    U4 r;
-    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(address));
-    return r;
-}
-
-__device__ __forceinline__ void lds64(u32 address, u32& a, u32& b) {
-    asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];" : "=r"(a), "=r"(b) : "r"(address));
-}
-
-// a * b on both halves (b a power of two here: exact)
-__device__ __forceinline__ u32 hmul2(u32 a, u32 b) {
-    u32 r;
-#if BF16
-    asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-#else
-    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-#endif
-    return r;
-}
 
 // A thread's share of every stage's copies, fixed for the kernel's life (the k tile moves the global side, the
 // stage the shared side). THREADS is a multiple of both BN / 4 (chunks in a word row) and 8 (chunks in an x row),

@@ -116,6 +116,7 @@ def tuner_configs(bucket: int, n: int, k: int, group: int, sms: int) -> list[Mma
     return out
 
 
+PIPELINE = Path(__file__).with_name("cuda_pipeline.cuh").read_text()  # cp.async and shared-load primitives
 SOURCE = Path(__file__).with_suffix(".cu").read_text()
 
 
@@ -123,7 +124,7 @@ def kernel_source(dtype: torch.dtype, group: int, cfg: MmaGemmConfig, pdl: bool 
     defines = {"BF16": int(dtype == torch.bfloat16), "WARPS_N": cfg.warps_n, "WARPS_M": cfg.warps_m,
                "MB": cfg.warp_m // 8, "STAGES": cfg.stages, "GROUP": group,
                "WORD_DECODE": int(cfg.word_decode and dtype == torch.float16), "PDL": int(pdl)}
-    return "".join(f"#define {k} {v}\n" for k, v in defines.items()) + FRAGMENT + SOURCE
+    return "".join(f"#define {k} {v}\n" for k, v in defines.items()) + FRAGMENT + PIPELINE + SOURCE
 
 
 @functools.cache
