@@ -125,9 +125,9 @@ def _make_context_current(device: int) -> None:
         _check(lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
 
 
-def _build(source: str, name: str, device: int) -> Kernel:
+def _build(source: str, name: str, device: int, arch_suffix: str) -> Kernel:
     major, minor = torch.cuda.get_device_capability(device)
-    cubin = compile_cubin(source, f"sm_{major}{minor}")
+    cubin = compile_cubin(source, f"sm_{major}{minor}{arch_suffix}")
     with torch.cuda.device(device):
         _make_context_current(device)
         module, function = ctypes.c_void_p(), ctypes.c_void_p()
@@ -136,21 +136,22 @@ def _build(source: str, name: str, device: int) -> Kernel:
     return Kernel(function, module)
 
 
-_KERNELS: dict[tuple[str, str, int], Kernel | NvrtcUnavailable] = {}  # a failure is remembered, not retried
+_KERNELS: dict[tuple[str, str, int, str], Kernel | NvrtcUnavailable] = {}  # a failure is remembered, not retried
 
 
-def compile_kernel(source: str, name: str, device: int) -> Kernel:
-    """The `extern "C"` kernel `name` of `source`, built for CUDA device `device`'s architecture and loaded into its
-    context (cached per process); raises NvrtcUnavailable where it cannot be built. Build kernels before a CUDA
-    graph capture: loading a module is not allowed in one (refused here, and not remembered as a failure)."""
+def compile_kernel(source: str, name: str, device: int, arch_suffix: str = "") -> Kernel:
+    """The `extern "C"` kernel `name` of `source`, built for CUDA device `device`'s architecture (+ `arch_suffix`:
+    "a" for sm_90a's wgmma and setmaxnreg) and loaded into its context (cached per process); raises
+    NvrtcUnavailable where it cannot be built. Build kernels before a CUDA graph capture: loading a module is not
+    allowed in one (refused here, and not remembered as a failure)."""
     if not available():
         raise NvrtcUnavailable("no run-time CUDA compiler or driver here")
-    key = (source, name, device)
+    key = (source, name, device, arch_suffix)
     if key not in _KERNELS:
         if torch.cuda.is_current_stream_capturing():
             raise NvrtcUnavailable(f"{name} is not built yet and a CUDA graph is being captured: build it first")
         try:
-            _KERNELS[key] = _build(source, name, device)
+            _KERNELS[key] = _build(source, name, device, arch_suffix)
         except (NvrtcUnavailable, RuntimeError, OSError) as e:
             _KERNELS[key] = e if isinstance(e, NvrtcUnavailable) else NvrtcUnavailable(f"{name}: {e}")
     kernel = _KERNELS[key]

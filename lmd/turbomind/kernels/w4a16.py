@@ -12,7 +12,9 @@ On CUDA tensors with Triton present (or under TRITON_INTERPRET=1) the token coun
     M <= 128    -> warp-level mma.sync GEMV in CUDA C++ (NVRTC)  (w4a16_mma_gemv)
     M >= 16     -> warp-level mma.sync GEMM in CUDA C++, a cp.async pipeline through shared memory
                                                        (w4a16_mma_gemm)
-                   (both opt-in with LMD_W4A16_MMA_GEMV=1 until they have run on a GPU)
+    M >= 64     -> warpgroup wgmma GEMM in CUDA C++ (sm_90a), a producer warpgroup dequantizing into shared memory
+                   beside two consumer warpgroups      (w4a16_wgmma)
+                   (the three CUDA kernels opt-in with LMD_W4A16_MMA_GEMV=1 until they have run on a GPU)
 and the measured fastest wins (H200 figures: docs/benchmarks.md). fp16/bf16 activations; other dtypes, CPU tensors
 and machines without Triton take the PyTorch reference. On a GPU the plan of each (bucket, N, K, group, dtype) is
 autotuned once by timing the candidates and cached; `prewarm` does this for every bucket up to max_m, compiles the
@@ -31,13 +33,14 @@ from typing import Union
 
 import torch
 
-from lmd.turbomind.kernels import w4a16_mma_gemm, w4a16_mma_gemv
+from lmd.turbomind.kernels import w4a16_mma_gemm, w4a16_mma_gemv, w4a16_wgmma
 from lmd.turbomind.kernels import w4a16_plan_cache as plan_cache
 from lmd.turbomind.kernels import w4a16_shipped_plans as shipped_plans
 from lmd.turbomind.kernels.gpu_timing import cold_call_ms
 from lmd.turbomind.kernels.w4a16_layout import w4a16_matmul_reference
 from lmd.turbomind.kernels.w4a16_mma_gemm import MmaGemmConfig
 from lmd.turbomind.kernels.w4a16_mma_gemv import MmaGemvConfig
+from lmd.turbomind.kernels.w4a16_wgmma import WgmmaConfig
 
 try:
     from lmd.turbomind.kernels.w4a16_dequant import DequantConfig, dequant_matmul
@@ -46,13 +49,14 @@ try:
     from lmd.turbomind.kernels.w4a16_gemv import GemvConfig, gemv
 
     PLAN_KINDS: dict[str, type] = {t.__name__: t for t in (GemvConfig, GemmConfig, WtGemmConfig, DequantConfig,
-                                                            MmaGemvConfig, MmaGemmConfig)}
+                                                            MmaGemvConfig, MmaGemmConfig, WgmmaConfig)}
     HAS_TRITON = True
 except ImportError:  # the engine still runs, on the reference path
     HAS_TRITON = False
 
 log = logging.getLogger(__name__)
-Plan = Union["GemvConfig", "GemmConfig", "WtGemmConfig", "DequantConfig", MmaGemvConfig, MmaGemmConfig]
+Plan = Union["GemvConfig", "GemmConfig", "WtGemmConfig", "DequantConfig", MmaGemvConfig, MmaGemmConfig,
+             WgmmaConfig]
 MAX_BUCKET = 4096
 
 
@@ -95,6 +99,8 @@ def run_plan(plan: Plan, x2d: torch.Tensor, qweight: torch.Tensor, scales: torch
         return w4a16_mma_gemv.mma_gemv(x2d, qweight, scales, zeros, bias, plan)
     if isinstance(plan, MmaGemmConfig):
         return w4a16_mma_gemm.mma_gemm(x2d, qweight, scales, zeros, bias, plan)
+    if isinstance(plan, WgmmaConfig):
+        return w4a16_wgmma.wgmma_gemm(x2d, qweight, scales, zeros, bias, plan)
     return dequant_matmul(x2d, qweight, scales, zeros, bias, plan)
 
 
@@ -217,6 +223,8 @@ def candidates(bucket: int, n: int, k: int, group: int, device: torch.device) ->
     if w4a16_mma_gemv.enabled(device):
         out.extend(w4a16_mma_gemv.tuner_configs(bucket, n, k, group))
         out.extend(w4a16_mma_gemm.tuner_configs(bucket, n, k, group, sms))
+    if w4a16_wgmma.enabled(device):
+        out.extend(w4a16_wgmma.tuner_configs(bucket, n, k, group, sms))
     return list(dict.fromkeys(out))
 
 

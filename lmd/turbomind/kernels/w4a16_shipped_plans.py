@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 TABLES = Path(__file__).with_name("w4a16_plans")
-OPT_IN_FAMILIES = ("mma-gemv", "mma-gemm")  # families the tuner offers only when asked to (w4a16_mma_gemv.enabled)
+# families the tuner offers only when asked to (w4a16_mma_gemv.enabled)
+OPT_IN_FAMILIES = ("mma-gemv", "mma-gemm", "wgmma")
 
 
 def table_file(gpu: str) -> Path:

@@ -10,8 +10,6 @@ workspace. What the CUDA text does on a GPU is the probe's job (`benchmarks/w4a1
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
 from lmd.turbomind.kernels.w4a16_mma_gemm import BLOCK_K, MmaGemmConfig, launch_shape, shared_bytes
@@ -28,6 +26,7 @@ from tests.turbomind.kernels.mma_gemv_lanes import (
     prmt,
     unit_pair,
 )
+from tests.turbomind.kernels.shared_memory_model import SharedMemory
 
 
 def w_chunk(row: torch.Tensor, c: torch.Tensor) -> torch.Tensor:  # the source's swizzles
@@ -36,35 +35,6 @@ def w_chunk(row: torch.Tensor, c: torch.Tensor) -> torch.Tensor:  # the source's
 
 def x_chunk(row: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     return c ^ ((row & 1) << 2)
-
-
-@dataclass
-class SharedMemory:
-    """Shared memory as 32-bit words; counts the bank conflicts of the loads it serves."""
-    size: int
-    words: torch.Tensor = field(init=False)
-    conflicts: int = 0
-
-    def __post_init__(self) -> None:
-        self.words = torch.full((self.size // 4,), -1, dtype=torch.int64)  # garbage until written
-
-    def _index(self, addresses: torch.Tensor, width: int) -> torch.Tensor:
-        assert bool((addresses % (4 * width) == 0).all()), "misaligned shared access"
-        assert bool((addresses >= 0).all() and (addresses + 4 * width <= self.size).all()), "shared access out of bounds"
-        return (addresses // 4)[:, None] + torch.arange(width)
-
-    def copy16(self, addresses: torch.Tensor, source: torch.Tensor, valid: torch.Tensor) -> None:
-        """cp.async of 16 bytes per address; invalid ones are zero-filled."""
-        self.words[self._index(addresses, 4)] = torch.where(valid[:, None], source, torch.zeros_like(source))
-
-    def load(self, addresses: torch.Tensor, width: int) -> torch.Tensor:
-        """ld.shared of `width` words per lane, [32] byte addresses -> [32, width]."""
-        lanes_per_phase = 32 // width  # a phase serves 128 bytes
-        for p in range(0, 32, lanes_per_phase):
-            unique = torch.unique(addresses[p:p + lanes_per_phase])
-            banks = torch.unique((unique // (4 * width)) % lanes_per_phase)
-            self.conflicts += len(unique) - len(banks)
-        return self.words[self._index(addresses, width)]
 
 
 def run(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,

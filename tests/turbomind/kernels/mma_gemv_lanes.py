@@ -70,11 +70,11 @@ def unit_pair(i: int, q: torch.Tensor, q8: torch.Tensor, dtype: torch.dtype, wor
 
 
 def dequant(v: torch.Tensor, offset: int, cs: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """(v - offset) * cs + z on both halves, rounded once to dtype (sub is exact, fma rounds once): words [32]."""
+    """(v - offset) * cs + z on both halves, rounded once to dtype (sub is exact, fma rounds once): words [L]."""
     hv, ho = _halves(v, dtype).double(), _halves(torch.tensor(offset, dtype=torch.int64), dtype).double()
     hc, hz = _halves(cs, dtype).double(), _halves(z, dtype).double()
     w = ((hv - ho) * hc + hz).float().to(dtype)
-    return _bits(w.reshape(32, 2))[:, 0]
+    return _bits(w.reshape(-1, 2))[:, 0]
 
 
 def _dup(half_words: torch.Tensor, high: bool) -> torch.Tensor:

@@ -13,6 +13,7 @@ from lmd.turbomind.kernels.w4a16_layout import w4a16_matmul_reference
 from lmd.turbomind.kernels.w4a16_mma_gemm import MmaGemmConfig, mma_gemm, mma_gemm_reference
 from tests.turbomind.kernels import mma_gemm_lanes
 from tests.turbomind.kernels.mma_cases import DTYPES, ROW_LIMIT, engine_weights, lane_case, row_errors
+from tests.turbomind.kernels.shared_memory_model import SharedMemory
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -68,11 +69,12 @@ def test_the_emulation_sees_an_unswizzled_layout_and_a_wrong_fragment_plan(monke
 
 
 def test_the_bank_conflict_count_sees_an_unswizzled_layout() -> None:
-    """Rows 128 bytes apart read at the same chunk by lanes g = 0, 1 of a phase: two lanes a bank, four phases."""
-    smem = mma_gemm_lanes.SharedMemory(64 * 128)
+    """Rows 128 bytes apart read at the same chunk by lanes g = 0, 1 of a phase: 16 of a phase's 32 words share a
+    bank with another, in each of four phases."""
+    smem = SharedMemory(64 * 128)
     g, t = torch.arange(32) >> 2, torch.arange(32) & 3
     smem.load(g * 128 + t * 16, 4)
-    assert smem.conflicts == 4 * 4
+    assert smem.conflicts == 4 * 16
     smem.conflicts = 0
     smem.load(g * 128 + (t ^ ((g & 1) << 2)) * 16, 4)  # the kernel's x swizzle
     smem.load(torch.zeros(32, dtype=torch.int64), 4)  # one address for all: a broadcast

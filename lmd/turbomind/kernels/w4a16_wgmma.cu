@@ -1,0 +1,293 @@
+// W4A16 GEMM on Hopper's warpgroup MMA (wgmma, sm_90a) with the int4 decode overlapped: a producer warpgroup
+// copies packed words, scales, zeros and x into shared memory and dequantizes each k tile into an fp16/bf16 A tile,
+// two consumer warpgroups run wgmma on it. Design and invariants: w4a16_wgmma.py. Compiled at run time by NVRTC
+// after the defines kernel_source() prepends (BF16, WORD_DECODE, BN, BT, STAGES, GROUP, PDL, and WGMMA_ASM, the
+// wgmma statement for n = BT), w4a16_mma_fragment.cuh and cuda_pipeline.cuh; tests/turbomind/kernels/wgmma_lanes.py
+// emulates it.
+
+#define THREADS 384               // warpgroup 0: producer; 1, 2: consumers
+#define BK 64                     // k of one stage
+#define SLICES (BN / 128)         // 64-channel wgmma slices of a consumer warpgroup
+#define SROWS (GROUP < BK ? BK / GROUP : 1)
+#define PREFETCH (STAGES - 2)     // k tiles whose copies are in flight ahead of the one being decoded
+
+// one stage: raw words [8][BN] u32, scales and zeros [SROWS][BN] halves each, then x and the dequantized A tile in
+// wgmma's canonical K-major layout without swizzle: 8 x 8 core matrices of 128 contiguous bytes (8 rows of 16
+// bytes, 8 k each), core (row / 8, k / 8) at (row / 8) * CORE_SBO + (k / 8) * CORE_LBO
+#define CORE_LBO 128              // between core matrices adjacent in k
+#define CORE_SBO 1024             // between core matrices adjacent in rows (8 of them cover the stage's 64 k)
+#define RAW_BYTES (8 * BN * 4)
+#define SC_BYTES (SROWS * BN * 2) // the scales; the zeros follow
+#define X_OFFSET (RAW_BYTES + 2 * SC_BYTES)
+#define A_OFFSET (X_OFFSET + BT * BK * 2)
+#define STAGE_BYTES (A_OFFSET + BN * BK * 2)
+#define OUT_PITCH (BN + 8)        // halves per row of the output tile staged in shared memory (+8: banks)
+
+__device__ __forceinline__ u32 core_offset(int row, int k8) {  // k8: the 8-wide k chunk within the stage
+    return (row >> 3) * CORE_SBO + k8 * CORE_LBO + (row & 7) * 16;
+}
+
+__device__ __forceinline__ void sts128(u32 address, const U4& v) {
+    asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" ::"r"(address), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+
+__device__ __forceinline__ u32 lds32(u32 address) {
+    u32 r;
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(r) : "r"(address));
+    return r;
+}
+
+__device__ __forceinline__ u16 lds16(u32 address) {
+    u16 r;
+    asm volatile("ld.shared.u16 %0, [%1];" : "=h"(r) : "r"(address));
+    return r;
+}
+
+// mbarriers: `full` (one producer arrival: a stage's x and A are ready), `empty` (one arrival per consumer
+// warpgroup: its wgmma reads of the stage are over)
+__device__ __forceinline__ void barrier_init(u32 address, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(address), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(u32 address) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(address) : "memory");
+}
+
+__device__ __forceinline__ void barrier_wait(u32 address, int parity) {
+    asm volatile("{\n.reg .pred done;\nWAIT_%=:\nmbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra WAIT_%=;\n}" ::"r"(address), "r"(parity) : "memory");
+}
+
+__device__ __forceinline__ void producers_sync() { asm volatile("bar.sync 1, 128;" ::: "memory"); }
+
+// this thread's generic-proxy writes of shared memory (st.shared, cp.async) ordered before async-proxy reads (wgmma)
+__device__ __forceinline__ void fence_async_proxy() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+// a shared-memory matrix descriptor: start address, leading (k) and stride (row) byte offsets, no swizzle
+__device__ __forceinline__ u64 matrix_descriptor(u32 address) {
+    return (u64)((address & 0x3FFFF) >> 4) | ((u64)(CORE_LBO >> 4) << 16) | ((u64)(CORE_SBO >> 4) << 32);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(PENDING) : "memory");
+}
+
+// wgmma_tile(d, a, b): d (64 channels x BT tokens, fp32, the thread's BT / 2 values) += A (64 x 16, descriptor a)
+// B (16 x BT, descriptor b); its text, one asm statement with BT / 2 operands, comes with the defines
+
+// the accumulators as the compiler must see them: written by the asynchronous wgmma, read only after its wait
+__device__ __forceinline__ void fence_operands(float* d) {
+#pragma unroll
+    for (int i = 0; i < BT / 2; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// word q (nibbles c0..c7: k 8r .. 8r + 7 of one channel) dequantized, (v - offset) C s + z, into 8 halves in k order
+__device__ __forceinline__ U4 dequant_word(u32 q, u32 cs2, u32 z2, u32 one, u32 sixteen, u32 offset_a) {
+    const u32 q8 = q >> 8;
+    const u32 p04 = dequant(unit_pair<0>(q, q8, one, sixteen), offset_a, cs2, z2);
+    const u32 p15 = dequant(unit_pair<1>(q, q8, one, sixteen), one, cs2, z2);
+    const u32 p26 = dequant(unit_pair<2>(q, q8, one, sixteen), offset_a, cs2, z2);
+    const u32 p37 = dequant(unit_pair<3>(q, q8, one, sixteen), one, cs2, z2);
+    U4 r;
+    r.x = prmt(p04, p15, 0x5410);  // c0, c1
+    r.y = prmt(p26, p37, 0x5410);  // c2, c3
+    r.z = prmt(p04, p15, 0x7632);  // c4, c5
+    r.w = prmt(p26, p37, 0x7632);  // c6, c7
+    return r;
+}
+
+// The producer's share of a stage's copies (thread p of 128): raw word chunks p + 128 u (row r, 4 channels at c),
+// one scale or zero chunk (p < 4 SROWS BN / 8), x chunks p + 128 u as (token m, k chunk c) with m % 8 fastest,
+// so that 8 neighbouring threads fill one core matrix.
+#define RAW_STEP (128 / (BN / 4))
+#define X_PER (BT * 8 / 128)
+__device__ __forceinline__ void copy_weights(u32 stage, const u32* qw, const u16* scales, const u16* zeros, int N,
+                                             int n0, int kt) {
+    const int p = threadIdx.x;
+    const int c = p % (BN / 4), r0 = p / (BN / 4);
+#pragma unroll
+    for (int u = 0; u < 8 / RAW_STEP; ++u) {
+        const int r = r0 + u * RAW_STEP;
+        copy16(stage + r * BN * 4 + c * 16, qw + (u64)(kt * 8 + r) * N + n0 + 4 * c, true);
+    }
+    if (p < 2 * SROWS * (BN / 8)) {
+        const int which = p / (SROWS * (BN / 8)), r = (p / (BN / 8)) % SROWS, sc = p % (BN / 8);
+        const u16* src = (which ? zeros : scales) + (u64)((kt * BK + r * 32) / GROUP) * N + n0 + 8 * sc;
+        copy16(stage + RAW_BYTES + which * SC_BYTES + r * BN * 2 + sc * 16, src, true);
+    }
+}
+
+__device__ __forceinline__ void copy_x(u32 stage, const u16* x, int M, int K, int kt) {
+    const int p = threadIdx.x;
+#pragma unroll
+    for (int u = 0; u < X_PER; ++u) {
+        const int i = p + u * 128;
+        const int m = (i >> 6) * 8 + (i & 7), c = (i >> 3) & 7;
+        const bool valid = m < M;
+        copy16(stage + X_OFFSET + core_offset(m, c), x + (u64)(valid ? m : 0) * K + kt * BK + c * 8, valid);
+    }
+}
+
+// the dequantized A tile of a stage from its raw words: thread p takes channels p + 128 e, all 8 word rows
+__device__ __forceinline__ void dequant_stage(u32 stage, u32 scale_c2, u32 one, u32 sixteen, u32 offset_a) {
+    const int p = threadIdx.x;
+#pragma unroll
+    for (int e = 0; e < SLICES; ++e) {
+        const int n = p + 128 * e;
+        u32 cs2 = 0, z2 = 0;
+#pragma unroll
+        for (int r = 0; r < 8; ++r) {
+            if (r == 0 || (SROWS == 2 && r == 4)) {  // the group row of k 8r (two in a stage at group 32)
+                const u32 at = stage + RAW_BYTES + (r / 4) % SROWS * BN * 2 + n * 2;
+                const u32 s = lds16(at), z = lds16(at + SC_BYTES);
+                cs2 = hmul2(s | (s << 16), scale_c2);
+                z2 = z | (z << 16);
+            }
+            const u32 q = lds32(stage + r * BN * 4 + n * 4);
+            sts128(stage + A_OFFSET + core_offset(n, r), dequant_word(q, cs2, z2, one, sixteen, offset_a));
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+w4a16_wgmma(const u16* __restrict__ x, const u32* __restrict__ qw, const u16* __restrict__ scales,
+            const u16* __restrict__ zeros, const u16* __restrict__ bias, u16* __restrict__ out,
+            float* __restrict__ ws, int* __restrict__ counters, int rows, int N, int K, int tiles_per_split,
+            int has_bias) {
+    // grid: x = token tiles of BT rows, y = BN-channel blocks, z = K splits of tiles_per_split k tiles
+    extern __shared__ __align__(1024) char smem[];
+    __shared__ __align__(8) u64 barriers[2 * STAGES];  // full[s], then empty[s]
+    const int m0 = blockIdx.x * BT;
+    const int M = rows - m0 < BT ? rows - m0 : BT;
+    x += (u64)m0 * K;
+    out += (u64)m0 * N;
+    ws += (u64)m0 * N;
+    const int n0 = blockIdx.y * BN;
+    const int tile = blockIdx.y * gridDim.x + blockIdx.x;
+    const int first = blockIdx.z * tiles_per_split;
+    const int count = (first + tiles_per_split < K / BK ? first + tiles_per_split : K / BK) - first;
+    const u32 base = smem_address(smem), full = smem_address(barriers), empty = full + 8 * STAGES;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(full + 8 * s, 1);
+            barrier_init(empty + 8 * s, 2);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    const int warpgroup = threadIdx.x / 128;
+    float d[SLICES][BT / 2];  // a consumer's accumulators (the producer leaves them alone)
+#pragma unroll
+    for (int e = 0; e < SLICES; ++e)
+#pragma unroll
+        for (int v = 0; v < BT / 2; ++v) d[e][v] = 0.f;
+    const int slice0 = (warpgroup - 1) * SLICES;
+
+    if (warpgroup == 0) {  // the producer
+        for (int j = 0; j < PREFETCH && j < count; ++j)
+            copy_weights(base + j * STAGE_BYTES, qw, scales, zeros, N, n0, first + j);
+#if PDL
+        asm volatile("griddepcontrol.wait;" ::: "memory");
+        asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+        for (int j = 0; j < PREFETCH; ++j) {
+            if (j < count) copy_x(base + j * STAGE_BYTES, x, M, K, first + j);
+            commit();
+        }
+        const u32 one = opaque(ONE2), sixteen = opaque(0x4C004C00u), offset_a = WORD_DECODE ? sixteen : one;
+#if BF16
+        const u32 scale_c2 = SCALE_C == 64.f ? 0x42804280u : 0x41804180u;
+#else
+        const u32 scale_c2 = SCALE_C == 64.f ? 0x54005400u : 0x4C004C00u;
+#endif
+        for (int i = 0; i < count; ++i) {
+            const int j = i + PREFETCH;
+            if (j < count) {
+                const int sj = j % STAGES;
+                if (j >= STAGES) barrier_wait(empty + 8 * sj, ((j / STAGES) & 1) ^ 1);  // tile j - STAGES read
+                copy_weights(base + sj * STAGE_BYTES, qw, scales, zeros, N, n0, first + j);
+                copy_x(base + sj * STAGE_BYTES, x, M, K, first + j);
+            }
+            commit();  // an empty group past the end keeps the count of pending groups right
+            wait_stages<PREFETCH>();  // this thread's copies of tile i have landed...
+            producers_sync();  // ... and every producer's
+            const int s = i % STAGES;
+            dequant_stage(base + s * STAGE_BYTES, scale_c2, one, sixteen, offset_a);
+            fence_async_proxy();  // this thread's A rows and x copies, before the consumers' wgmma reads
+            producers_sync();
+            if (threadIdx.x == 0) barrier_arrive(full + 8 * s);
+        }
+        wait_stages<0>();
+    } else {  // a consumer: channels (warpgroup - 1) * 64 SLICES .. of the block, all BT tokens
+#if PDL
+        asm volatile("griddepcontrol.wait;" ::: "memory");
+        asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+        for (int i = 0; i < count; ++i) {
+            const int s = i % STAGES;
+            const u32 stage = base + s * STAGE_BYTES;
+            barrier_wait(full + 8 * s, (i / STAGES) & 1);
+#pragma unroll
+            for (int e = 0; e < SLICES; ++e) fence_operands(d[e]);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BK / 16; ++kk)  // k16 steps: two core matrices along k each
+#pragma unroll
+                for (int e = 0; e < SLICES; ++e)
+                    wgmma_tile(d[e], matrix_descriptor(stage + A_OFFSET + (slice0 + e) * 8 * CORE_SBO + kk * 2 * CORE_LBO),
+                               matrix_descriptor(stage + X_OFFSET + kk * 2 * CORE_LBO));
+            wgmma_commit();
+            wgmma_wait<1>();  // tile i - 1's group is done: its stage goes back to the producer
+#pragma unroll
+            for (int e = 0; e < SLICES; ++e) fence_operands(d[e]);
+            if (i > 0 && threadIdx.x % 128 == 0) barrier_arrive(empty + 8 * ((i - 1) % STAGES));
+        }
+        wgmma_wait<0>();
+#pragma unroll
+        for (int e = 0; e < SLICES; ++e) fence_operands(d[e]);
+
+    }
+    __syncthreads();  // every copy and every wgmma read is over: the pipeline's shared memory is free
+
+    // d[e][4v + q] of warp w4, lane (g, t): channel 16 w4 + g of slice slice0 + e (+ 8 for q >= 2), token 8v + 2t
+    // (+ 1 for odd q). Split: fp32 adds into the workspace. Else the tile is staged in shared memory as
+    // [token][OUT_PITCH] halves (lanes g: 16 consecutive bytes; rows 2t: 8 banks apart) and leaves in 16-byte rows.
+    const int split = gridDim.z > 1;
+    if (warpgroup > 0) {
+        const int lane = threadIdx.x & 31, w4 = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
+#pragma unroll
+        for (int e = 0; e < SLICES; ++e) {
+            const int ch = (slice0 + e) * 64 + 16 * w4 + g;
+            float b_lo = 0.f, b_hi = 0.f;
+            if (has_bias && !split) {
+                b_lo = to_float(bias[n0 + ch], 0);
+                b_hi = to_float(bias[n0 + ch + 8], 0);
+            }
+#pragma unroll
+            for (int v = 0; v < BT / 8; ++v)
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    const int m = 8 * v + 2 * t + (q & 1), c = ch + (q >> 1) * 8;
+                    if (split) {
+                        if (m < M) atomicAdd(ws + (u64)m * N + n0 + c, d[e][4 * v + q]);
+                    } else {
+                        const u16 h = from_float(d[e][4 * v + q] + (q >> 1 ? b_hi : b_lo));
+                        asm volatile("st.shared.u16 [%0], %1;" ::"r"(base + (m * OUT_PITCH + c) * 2), "h"(h) : "memory");
+                    }
+                }
+        }
+    }
+    if (split) {
+        finish_split_k(ws, counters, tile, out, bias, has_bias, M, N, n0, BN, THREADS);
+        return;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < M * (BN / 8); i += THREADS) {
+        const int m = i / (BN / 8), c = i % (BN / 8);
+        *(U4*)(out + (u64)m * N + n0 + 8 * c) = lds128(base + (m * OUT_PITCH + 8 * c) * 2);
+    }
+}

@@ -1,0 +1,178 @@
+"""W4A16 GEMM on Hopper's warpgroup MMA (`wgmma.mma_async`, sm_90a) with the int4 decode overlapped, for 64 token
+rows and more, in CUDA C++ (NVRTC).
+
+From a few hundred rows on a W4A16 GEMM is bound by the tensor cores, and on Hopper only wgmma reaches their rate
+(`mma.sync`, the other kernels' MMA, stays well below it); the int4 decode must then run beside the MMAs, not in
+front of them. A CTA of 384 threads takes BN output channels (128 or 256) by BT token rows (64, 128 or 256) over
+its K range, in k tiles of 64 through STAGES shared-memory stages:
+
+    warpgroup 0 (producer)   cp.async: packed words [8][BN], scales and zeros, x [BT][64] (rows past M zero-filled),
+                             PREFETCH = STAGES - 2 tiles ahead; then dequantizes tile i's words into the stage's
+                             A tile ((v - offset) C s + z, the other kernels' bits and rounding; 8 halves in k order
+                             per word), fences the async proxy and arrives on full[i % STAGES]
+    warpgroups 1, 2          wait full[s]; 4 k16 steps of wgmma m64nBTk16 per 64-channel slice (A and x both from
+    (consumers)              shared memory); commit; once tile i - 1's group is done, arrive on empty[(i-1) % S]
+
+The producer refills a stage only after empty says both consumers' reads of its previous tile are over, and
+dequantizes tile i while the consumers' wgmma of tile i - 1 runs. x and A sit in wgmma's canonical K-major layout
+without swizzle: 8 x 8 core matrices of 128 contiguous bytes, core (row / 8, k / 8) at (row / 8) 1024 + (k / 8) 128,
+so a cp.async chunk or a dequantized word is one 16-byte row of a core matrix and 8 neighbouring threads fill one.
+Accumulators: BT / 2 fp32 a thread per slice (a consumer holds BN / 128 slices). The output tile leaves through
+shared memory in 16-byte rows; split-K adds fp32 partials into the self-cleaning workspace (`w4a16_epilogue`).
+
+The PyTorch twin is the mma.sync GEMM's (`mma_gemm_reference`: the same decode and dequant rounding); CI runs a
+lane-level emulation (tests/turbomind/kernels/wgmma_lanes.py: copies, decode and stores at their shared addresses,
+the descriptors read through the canonical layout, the register layout of D) and compiles it for sm_90a.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from lmd.turbomind.kernels import nvrtc
+from lmd.turbomind.kernels.w4a16_mma_gemm import PIPELINE
+from lmd.turbomind.kernels.w4a16_mma_gemv import FRAGMENT, GROUPS, checked_operands
+
+BLOCK_K = 64
+THREADS = 384
+MIN_ROWS = 64  # below this the producer's decode outruns the MMAs it feeds: the mma.sync kernels win
+SHARED_LIMIT = 227 * 1024
+MAX_ACCUMULATORS = 128  # fp32 accumulators a consumer thread holds (BN / 128 slices x BT / 2)
+
+
+@dataclass(frozen=True)
+class WgmmaConfig:
+    block_n: int = 128  # output channels of a CTA: 128 or 256 (64-channel slices, half to each consumer)
+    block_t: int = 128  # token rows of a CTA: 64, 128 or 256 (the wgmma's n)
+    stages: int = 4  # shared-memory stages (3-8): PREFETCH = stages - 2 tiles of copies in flight
+    split: int = 1  # K splits asked for
+    word_decode: bool = True  # fp16: one shift per packed word (bf16 always per pair)
+
+    def __post_init__(self) -> None:
+        if (self.block_n not in (128, 256) or self.block_t not in (64, 128, 256) or not 3 <= self.stages <= 8
+                or self.split < 1 or self.block_n // 128 * self.block_t // 2 > MAX_ACCUMULATORS):
+            raise ValueError(f"wgmma config: block_n 128/256, block_t 64/128/256 with at most {MAX_ACCUMULATORS} "
+                             f"accumulators a thread, 3-8 stages, split >= 1; got {self}")
+
+    def name(self) -> str:
+        return (f"wgmma n{self.block_n} t{self.block_t} s{self.stages} k{self.split}"
+                f"{'' if self.word_decode else ' pair'}")
+
+
+def stage_bytes(cfg: WgmmaConfig, group: int) -> int:
+    """Raw words, scales and zeros, x and the dequantized A tile of one k tile (see the .cu's layout)."""
+    scale_rows = BLOCK_K // group if group < BLOCK_K else 1
+    return 8 * cfg.block_n * 4 + 2 * scale_rows * cfg.block_n * 2 + cfg.block_t * BLOCK_K * 2 + cfg.block_n * BLOCK_K * 2
+
+
+def shared_bytes(cfg: WgmmaConfig, group: int) -> int:
+    """Dynamic shared memory: the stages, or the output tile staged at the end if that is larger."""
+    return max(cfg.stages * stage_bytes(cfg, group), cfg.block_t * (cfg.block_n + 8) * 2)
+
+
+def supports(cfg: WgmmaConfig, n: int, k: int, group: int) -> bool:
+    return (n % cfg.block_n == 0 and k % BLOCK_K == 0 and group in GROUPS and k % group == 0
+            and shared_bytes(cfg, group) <= SHARED_LIMIT)
+
+
+def enabled(device: torch.device) -> bool:
+    """Offered to the tuner where the mma.sync kernels are (opt-in, `w4a16_mma_gemv.enabled`) on sm_90 devices."""
+    from lmd.turbomind.kernels import w4a16_mma_gemv
+
+    return (w4a16_mma_gemv.enabled(device) and torch.cuda.is_available()
+            and torch.cuda.get_device_capability(device) == (9, 0))
+
+
+def launch_shape(cfg: WgmmaConfig, m: int, n: int, k: int) -> tuple[tuple[int, int, int], int]:
+    """((token tiles, channel blocks, K splits), k tiles per split), every split non-empty."""
+    k_tiles = k // BLOCK_K
+    per_split = -(-k_tiles // min(cfg.split, k_tiles))
+    return (-(-m // cfg.block_t), n // cfg.block_n, -(-k_tiles // per_split)), per_split
+
+
+TILES = ((128, 64), (128, 128), (256, 64), (256, 128), (128, 256))  # (block_n, block_t)
+
+
+def tuner_configs(bucket: int, n: int, k: int, group: int, sms: int) -> list[WgmmaConfig]:
+    """The configs the tuner times for a bucket of at least MIN_ROWS rows: tiles no taller than the bucket, the
+    deepest pipelines that fit, unsplit and with the smallest power-of-two split that fills every SM once."""
+    if bucket < MIN_ROWS:
+        return []
+    out = []
+    for block_n, block_t in TILES:
+        if block_t > bucket:
+            continue
+        tiles = -(-bucket // block_t) * (n // block_n)
+        split = 1
+        while tiles * split < sms and (k // BLOCK_K) // (2 * split) >= 4:
+            split *= 2
+        for stages in (4, 6):
+            for s in dict.fromkeys((1, split)):
+                cfg = WgmmaConfig(block_n, block_t, stages, s)
+                if not supports(cfg, n, k, group):
+                    cfg = WgmmaConfig(block_n, block_t, 3, s)
+                if supports(cfg, n, k, group) and cfg not in out:
+                    out.append(cfg)
+    return out
+
+
+SOURCE = Path(__file__).with_suffix(".cu").read_text()
+
+
+def wgmma_tile_source(dtype: torch.dtype, block_t: int) -> str:
+    """`wgmma_tile(d, a, b)`: one wgmma.mma_async m64n<block_t>k16 with fp32 accumulators d[0 .. block_t / 2),
+    A and B from shared-memory descriptors, both K-major (no transpose), D accumulated (scale-d true)."""
+    n = block_t // 2
+    kind = "bf16" if dtype == torch.bfloat16 else "f16"
+    regs = ", ".join(f"%{i}" for i in range(n))
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(n))
+    return ("__device__ __forceinline__ void wgmma_tile(float* d, u64 a, u64 b) {\n"
+            f'    asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{n + 2}, 0;\\n"\n'
+            f'                 "wgmma.mma_async.sync.aligned.m64n{block_t}k16.f32.{kind}.{kind} {{{regs}}}, '
+            f'%{n}, %{n + 1}, p, 1, 1, 0, 0;\\n}}\\n"\n'
+            f'                 : {outs}\n'
+            '                 : "l"(a), "l"(b), "r"(1));\n}\n')
+
+
+def kernel_source(dtype: torch.dtype, group: int, cfg: WgmmaConfig, pdl: bool = False) -> str:
+    defines = {"BF16": int(dtype == torch.bfloat16), "WORD_DECODE": int(cfg.word_decode and dtype == torch.float16),
+               "BN": cfg.block_n, "BT": cfg.block_t, "STAGES": cfg.stages, "GROUP": group, "PDL": int(pdl)}
+    return ("".join(f"#define {k} {v}\n" for k, v in defines.items()) + FRAGMENT + PIPELINE
+            + wgmma_tile_source(dtype, cfg.block_t) + SOURCE)
+
+
+@functools.cache
+def _kernel(dtype: torch.dtype, group: int, cfg: WgmmaConfig, pdl: bool, device: int) -> nvrtc.Kernel:
+    return nvrtc.compile_kernel(kernel_source(dtype, group, cfg, pdl), "w4a16_wgmma", device, arch_suffix="a")
+
+
+def wgmma_gemm(x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+               bias: torch.Tensor | None, cfg: WgmmaConfig) -> torch.Tensor:
+    """x2d [M, K] -> [M, N] in x's dtype, on an sm_90 CUDA device."""
+    m, k = x2d.shape
+    n = qweight.shape[1]
+    group = k // scales.shape[0]
+    if not supports(cfg, n, k, group):
+        raise ValueError(f"wgmma {cfg.name()} needs N % {cfg.block_n} == 0, K % {BLOCK_K} == 0, a group of {GROUPS} "
+                         f"and at most {SHARED_LIMIT} bytes of shared memory; got N={n}, K={k}, group={group}")
+    x2d, bias = checked_operands("wgmma", x2d, qweight, scales, zeros, bias)
+    if torch.cuda.get_device_capability(x2d.device) != (9, 0):
+        raise ValueError("wgmma runs on sm_90 (Hopper) devices")
+    from lmd.turbomind.kernels.pdl import pdl_enabled
+    from lmd.turbomind.kernels.w4a16_epilogue import SplitKWorkspace
+
+    grid, per_split = launch_shape(cfg, m, n, k)
+    out = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
+    ws, cnt = SplitKWorkspace.get(x2d.device, m * n, grid[0] * grid[1]) if grid[2] > 1 else (out, out)
+    pdl = pdl_enabled(x2d.device)
+    device = x2d.device.index if x2d.device.index is not None else torch.cuda.current_device()
+    kernel = _kernel(x2d.dtype, group, cfg, pdl, device)
+    with torch.cuda.device(device):
+        nvrtc.launch(kernel, grid, (THREADS, 1, 1), [x2d, qweight, scales, zeros, bias if bias is not None else out,
+                                                    out, ws, cnt, m, n, k, per_split, int(bias is not None)],
+                     pdl=pdl, shared_bytes=shared_bytes(cfg, group))
+    return out

@@ -1,0 +1,115 @@
+"""The CUDA wgmma W4A16 GEMM without a GPU: a lane-level emulation of its source (copies, decode, stores and bank
+conflicts; the descriptors read through wgmma's canonical layout; the D register layout) against the engine's
+reference and the PyTorch twin, the host wrapper's errors, the tuner's configs and the generated wgmma statement."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lmd.turbomind.kernels import w4a16_mma_gemv
+from lmd.turbomind.kernels import w4a16_wgmma as kernel
+from lmd.turbomind.kernels.w4a16_layout import w4a16_matmul_reference
+from lmd.turbomind.kernels.w4a16_mma_gemm import mma_gemm_reference
+from lmd.turbomind.kernels.w4a16_wgmma import WgmmaConfig, wgmma_gemm
+from tests.turbomind.kernels import wgmma_lanes
+from tests.turbomind.kernels.mma_cases import DTYPES, ROW_LIMIT, engine_weights, lane_case, row_errors
+
+CASES = [  # (n, k, group, m, config): both channel blocks, token tiles 64-256, pipelines 3-6, splits, short tiles
+    (128, 256, 128, 64, WgmmaConfig(128, 64, 3)),
+    (256, 512, 32, 100, WgmmaConfig(256, 128, 4, 2)),  # two scale rows a stage; a 100-row tile; two splits
+    (128, 384, 64, 70, WgmmaConfig(128, 64, 5, 1, False)),  # a second token tile of 6 rows; pair decode
+    (256, 320, 64, 64, WgmmaConfig(128, 256, 6, 3)),  # 5 k tiles in splits of 2, 2, 1; two channel blocks
+    (128, 768, 64, 128, WgmmaConfig(128, 128, 4)),  # 12 k tiles: every stage refilled several times
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"n{c[0]}k{c[1]}g{c[2]}m{c[3]}-{c[4].name().replace(' ', '_')}")
+def test_lane_emulation_of_the_kernel_matches_the_reference(dtype, case) -> None:
+    n, k, group, m, cfg = case
+    qweight, scales, zeros, x, bias, ref = lane_case(n, k, group, m, dtype)
+    y, conflicts = wgmma_lanes.run(x, qweight, scales, zeros, bias, cfg)  # asserts every output written
+    assert y.shape == (m, n) and y.dtype == dtype
+    assert row_errors(y, ref).max() < ROW_LIMIT[dtype]
+    twin = mma_gemm_reference(x, qweight, scales, zeros, cfg.word_decode).float() + bias.float()
+    assert row_errors(y, twin).max() < ROW_LIMIT[dtype] / 2
+    assert conflicts == 0
+
+
+def test_the_emulation_reads_through_the_descriptors(monkeypatch) -> None:
+    """Descriptors with the leading and stride byte offsets swapped (the layout written is unchanged) compute
+    wrong."""
+    qweight, scales, zeros, x, bias, ref = lane_case(128, 256, 128, 64, torch.float16)
+    cfg = WgmmaConfig(128, 64, 3)
+    encode = wgmma_lanes.descriptor
+    monkeypatch.setattr(wgmma_lanes, "descriptor",
+                        lambda address: (encode(address) & 0x3FFF) | (64 << 16) | (8 << 32))
+    y, _ = wgmma_lanes.run(x, qweight, scales, zeros, bias, cfg)
+    assert row_errors(y, ref).max() > 0.1
+
+
+def test_the_emulation_reads_the_layout_the_source_uses() -> None:
+    for text in ("#define CORE_LBO 128", "#define CORE_SBO 1024",
+                 "(row >> 3) * CORE_SBO + k8 * CORE_LBO + (row & 7) * 16",
+                 "((u64)(CORE_LBO >> 4) << 16) | ((u64)(CORE_SBO >> 4) << 32)",
+                 "(i >> 6) * 8 + (i & 7), c = (i >> 3) & 7",
+                 "(slice0 + e) * 8 * CORE_SBO + kk * 2 * CORE_LBO", "X_OFFSET + kk * 2 * CORE_LBO",
+                 "prmt(p04, p15, 0x5410)", "prmt(p26, p37, 0x7632)", "(m * OUT_PITCH + c) * 2", "(r / 4) % SROWS",
+                 "barrier_init(empty + 8 * s, 2)", "((j / STAGES) & 1) ^ 1", "(i / STAGES) & 1", "wgmma_wait<1>()",
+                 "#define PREFETCH (STAGES - 2)"):
+        assert text in kernel.SOURCE, text
+
+
+def test_the_wgmma_statement() -> None:
+    text = kernel.wgmma_tile_source(torch.bfloat16, 64)
+    assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1," in text
+    assert "%31}, %32, %33, p, 1, 1, 0, 0" in text
+    assert text.count('"+f"(d[') == 32 and "setp.ne.b32 p, %34, 0" in text
+    source = kernel.kernel_source(torch.float16, 32, WgmmaConfig(256, 128, 3, 2), pdl=True)
+    assert all(f"#define {d}\n" in source for d in ("BN 256", "BT 128", "STAGES 3", "GROUP 32", "WORD_DECODE 1", "PDL 1"))
+    assert "m64n128k16.f32.f16.f16" in source
+
+
+def test_wrapper_and_config_reject_what_the_kernel_cannot_take() -> None:
+    qweight, scales, zeros = engine_weights(192, 256, 128, torch.float16)
+    with pytest.raises(ValueError, match="N % 128"):
+        wgmma_gemm(torch.randn(64, 256, dtype=torch.float16), qweight, scales, zeros, None, WgmmaConfig())
+    qweight, scales, zeros = engine_weights(128, 256, 128, torch.float16)
+    with pytest.raises(ValueError, match="CUDA tensors"):
+        wgmma_gemm(torch.randn(64, 256, dtype=torch.float16), qweight, scales, zeros, None, WgmmaConfig())
+    for bad in ({"block_n": 64}, {"block_t": 32}, {"block_n": 256, "block_t": 256}, {"stages": 2}, {"split": 0}):
+        with pytest.raises(ValueError, match="wgmma config"):
+            WgmmaConfig(**bad)
+    assert not kernel.supports(WgmmaConfig(256, 128, 4), 4096, 4096, 128)  # 4 stages of 58 KiB: too much
+
+
+def test_tuner_configs() -> None:
+    assert kernel.tuner_configs(32, 4096, 4096, 128, 132) == []
+    for bucket in (64, 256, 4096):
+        configs = kernel.tuner_configs(bucket, 11008, 4096, 128, 132)
+        assert configs and len({c.name() for c in configs}) == len(configs)
+        assert all(c.block_t <= bucket and kernel.supports(c, 11008, 4096, 128) for c in configs)
+    assert any(c.split > 1 for c in kernel.tuner_configs(64, 4096, 4096, 128, 132))
+    assert not any(c.block_n == 256 for c in kernel.tuner_configs(4096, 33 * 128, 4096, 128, 132))
+
+
+def test_the_dispatcher_offers_it_only_when_enabled(monkeypatch) -> None:
+    pytest.importorskip("triton")
+    from lmd.turbomind.kernels import w4a16
+
+    cpu = torch.device("cpu")
+    assert not any(isinstance(p, WgmmaConfig) for p in w4a16.candidates(256, 4096, 4096, 128, cpu))
+    monkeypatch.setattr(w4a16_mma_gemv, "enabled", lambda device: True)
+    monkeypatch.setattr(kernel, "enabled", lambda device: True)
+    offered = [p for p in w4a16.candidates(256, 4096, 4096, 128, cpu) if isinstance(p, WgmmaConfig)]
+    assert offered == kernel.tuner_configs(256, 4096, 4096, 128, 1)
+
+
+def test_reference_and_emulation_agree_on_a_tile_of_zeros_past_m() -> None:
+    """Rows past M are zero-filled in shared memory, never read from x: a 1-row x gives its own row."""
+    qweight, scales, zeros = engine_weights(128, 128, 64, torch.float16)
+    x = torch.randn(1, 128, dtype=torch.float16, generator=torch.Generator().manual_seed(5))
+    y, _ = wgmma_lanes.run(x, qweight, scales, zeros, None, WgmmaConfig(128, 64, 3))
+    ref = w4a16_matmul_reference(x.float(), qweight, scales, zeros).float()
+    assert row_errors(y, ref).max() < ROW_LIMIT[torch.float16]

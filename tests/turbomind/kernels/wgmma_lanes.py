@@ -1,0 +1,178 @@
+"""A lane-level emulation of the CUDA kernel in `w4a16_wgmma.SOURCE`, for CI machines without a GPU.
+
+It follows the source, vectorized over the producer's 128 threads and each consumer warpgroup's: the cp.async
+copies into a byte-addressed shared memory (`SharedMemory`, which counts bank conflicts), the stage each tile
+takes and the order of refills, decodes and reads the mbarriers allow, the decode and dequant of every word with
+the GEMV emulation's bit operations and its 16-byte store at the core-matrix address, the matrix descriptors as
+the source builds them read back through wgmma's canonical K-major layout without swizzle (core matrix (row / 8,
+k / 8) at start + (row / 8) SBO + (k / 8) LBO, rows of 16 bytes), the accumulator registers of wgmma's D layout
+(each warp 16 rows as m16n8 C fragments along n), the staged output tile and its 16-byte rows, and the split-K
+workspace. What the hardware does with the same text is the GPU probe's job (`benchmarks/w4a16_mma_probe.py`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lmd.turbomind.kernels.w4a16_wgmma import BLOCK_K, WgmmaConfig, launch_shape, shared_bytes, stage_bytes
+from tests.turbomind.kernels.mma_gemv_lanes import U32, _bits, _halves, dequant, prmt, unit_pair
+from tests.turbomind.kernels.shared_memory_model import SharedMemory
+
+CORE_LBO, CORE_SBO = 128, 1024
+P = torch.arange(128)  # a warpgroup's threads
+
+
+def core_offset(row: torch.Tensor, k8: torch.Tensor | int) -> torch.Tensor:
+    return (row >> 3) * CORE_SBO + k8 * CORE_LBO + (row & 7) * 16
+
+
+def descriptor(address: int) -> int:
+    """matrix_descriptor() of the source: start >> 4, LBO >> 4 at bit 16, SBO >> 4 at bit 32, no swizzle."""
+    return ((address & 0x3FFFF) >> 4) | ((CORE_LBO >> 4) << 16) | ((CORE_SBO >> 4) << 32)
+
+
+def read_operand(smem: SharedMemory, desc: int, rows: int, dtype: torch.dtype) -> torch.Tensor:
+    """A K-major operand of `rows` x 16 as wgmma reads it through a descriptor (no swizzle): [rows, 16] fp32."""
+    start, lbo, sbo = (desc & 0x3FFF) << 4, ((desc >> 16) & 0x3FFF) << 4, ((desc >> 32) & 0x3FFF) << 4
+    assert (desc >> 62) == 0 and ((desc >> 49) & 7) == 0, "a swizzled or offset layout"
+    row = torch.arange(rows)[:, None]
+    k = torch.arange(16)[None, :]
+    address = start + (row // 8) * sbo + (k // 8) * lbo + (row % 8) * 16 + (k % 8) * 2
+    halves = (smem.words[address // 4] >> (8 * (address % 4))) & 0xFFFF
+    return halves.to(torch.int16).view(dtype).float()
+
+
+def run(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+        bias: torch.Tensor | None, cfg: WgmmaConfig) -> tuple[torch.Tensor, int]:
+    """(what the kernel writes for x [M, K] fp16/bf16, as `wgmma_gemm` launches it; the bank conflicts met)."""
+    rows, k = x.shape
+    n = qweight.shape[1]
+    group = k // scales.shape[0]
+    (tiles_m, tiles_n, splits), per_split = launch_shape(cfg, rows, n, k)
+    out = torch.full((rows, n), float("nan"), dtype=x.dtype)
+    conflicts = 0
+    for tm in range(tiles_m):
+        m0 = tm * cfg.block_t
+        for tn in range(tiles_n):
+            ws = torch.zeros(cfg.block_t, cfg.block_n)
+            for z in range(splits):
+                conflicts += _cta(x[m0:m0 + cfg.block_t], qweight, scales, zeros, bias, cfg, group, tn * cfg.block_n,
+                                  z * per_split, min(per_split, k // BLOCK_K - z * per_split), splits > 1,
+                                  out[m0:m0 + cfg.block_t], ws)
+            if splits > 1:  # finish_split_k
+                m_rows = min(cfg.block_t, rows - m0)
+                cols = slice(tn * cfg.block_n, (tn + 1) * cfg.block_n)
+                out[m0:m0 + m_rows, cols] = (ws[:m_rows] + (bias[cols].float() if bias is not None else 0.0)).to(x.dtype)
+    assert not bool(out.isnan().any()), "an output element never written"
+    return out, conflicts
+
+
+def _cta(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+         bias: torch.Tensor | None, cfg: WgmmaConfig, group: int, n0: int, first: int, count: int, split: bool,
+         out: torch.Tensor, ws: torch.Tensor) -> int:
+    dtype = x.dtype
+    m_rows, k = x.shape
+    bn, bt, stages = cfg.block_n, cfg.block_t, cfg.stages
+    slices, prefetch = bn // 128, stages - 2
+    scale_rows = BLOCK_K // group if group < BLOCK_K else 1
+    raw_bytes, sc_bytes = 8 * bn * 4, scale_rows * bn * 2
+    x_offset = raw_bytes + 2 * sc_bytes
+    a_offset = x_offset + bt * BLOCK_K * 2
+    stage = stage_bytes(cfg, group)
+    assert a_offset + bn * BLOCK_K * 2 == stage
+    smem = SharedMemory(shared_bytes(cfg, group))
+    word = cfg.word_decode and dtype == torch.float16
+    one2 = 0x3F803F80 if dtype == torch.bfloat16 else 0x3C003C00
+    offset_a, scale_c = (0x4C004C00, 64.0) if word else (one2, 16.0)
+    q_words = qweight.to(torch.int64) & U32
+    x_words, s_words, z_words = _bits(x), _bits(scales), _bits(zeros)
+    quads = torch.arange(4)
+
+    def copy_weights(base: int, kt: int) -> None:
+        raw_step = 128 // (bn // 4)
+        c, r0 = P % (bn // 4), P // (bn // 4)
+        for u in range(8 // raw_step):
+            r = r0 + u * raw_step
+            smem.copy16(base + r * bn * 4 + c * 16, q_words[(kt * 8 + r)[:, None], (n0 + 4 * c)[:, None] + quads],
+                        torch.ones(128, dtype=torch.bool))
+        on = 2 * scale_rows * (bn // 8) > P
+        p = P[on]
+        which, r, sc = p // (scale_rows * (bn // 8)), (p // (bn // 8)) % scale_rows, p % (bn // 8)
+        row = (kt * BLOCK_K + r * 32) // group
+        cols = ((n0 + 8 * sc) // 2)[:, None] + quads
+        src = torch.where(which[:, None] == 1, z_words[row[:, None], cols], s_words[row[:, None], cols])
+        smem.copy16(base + raw_bytes + which * sc_bytes + r * bn * 2 + sc * 16, src, torch.ones_like(p, dtype=bool))
+
+    def copy_x(base: int, kt: int) -> None:
+        for u in range(bt * 8 // 128):
+            i = P + u * 128
+            m, c = (i >> 6) * 8 + (i & 7), (i >> 3) & 7
+            valid = m < m_rows
+            src = x_words[torch.where(valid, m, 0)[:, None], ((kt * BLOCK_K + c * 8) // 2)[:, None] + quads]
+            smem.copy16(base + x_offset + core_offset(m, c), src, valid)
+
+    def dequant_stage(base: int) -> None:
+        for e in range(slices):
+            nn = P + 128 * e
+            for r in range(8):
+                if r == 0 or (scale_rows == 2 and r == 4):
+                    at = base + raw_bytes + (r // 4) % scale_rows * bn * 2 + nn * 2
+                    s, zr = smem.load16(at), smem.load16(at + sc_bytes)
+                    cs2 = _bits((_halves(s | (s << 16), dtype) * scale_c).to(dtype))[:, 0]  # hmul2 by C, exact
+                    z2 = zr | (zr << 16)
+                q = smem.load(base + r * bn * 4 + nn * 4, 1)[:, 0]
+                q8 = q >> 8
+                pairs = [dequant(unit_pair(i, q, q8, dtype, word), offset_a if i % 2 == 0 else one2, cs2, z2, dtype)
+                         for i in range(4)]  # nibbles (0, 4), (1, 5), (2, 6), (3, 7)
+                halves = torch.stack([prmt(pairs[0], pairs[1], 0x5410), prmt(pairs[2], pairs[3], 0x5410),
+                                      prmt(pairs[0], pairs[1], 0x7632), prmt(pairs[2], pairs[3], 0x7632)], dim=1)
+                smem.store(base + a_offset + core_offset(nn, r), halves)
+
+    for j in range(min(prefetch, count)):  # the prologue: weights, then (after the PDL wait) x
+        copy_weights(j * stage, first + j)
+    for j in range(min(prefetch, count)):
+        copy_x(j * stage, first + j)
+    d = torch.zeros(2, slices, 64, bt)  # consumer warpgroup, slice: D [channels of the slice, tokens]
+    for i in range(count):
+        j = i + prefetch
+        if j < count:  # the stage of tile j - stages, which the consumers released (tile i - 2 < i)
+            copy_weights((j % stages) * stage, first + j)
+            copy_x((j % stages) * stage, first + j)
+        base = (i % stages) * stage
+        dequant_stage(base)
+        for wg in range(2):  # after full[i % stages]
+            for kk in range(BLOCK_K // 16):
+                b = read_operand(smem, descriptor(base + x_offset + kk * 2 * CORE_LBO), bt, dtype)
+                for e in range(slices):
+                    a_desc = descriptor(base + a_offset + (wg * slices + e) * 8 * CORE_SBO + kk * 2 * CORE_LBO)
+                    d[wg, e] += read_operand(smem, a_desc, 64, dtype) @ b.T
+
+    # the registers: d[e][4v + q] of warp w4, lane (g, t) = D[16 w4 + g + 8 (q >> 1), 8v + 2t + (q & 1)]
+    lane = P % 32
+    w4, g, t = P // 32, lane >> 2, lane & 3
+    for wg in range(2):
+        for e in range(slices):
+            ch = (wg * slices + e) * 64 + 16 * w4 + g
+            for v in range(bt // 8):
+                for q in range(4):
+                    m, c = 8 * v + 2 * t + (q & 1), ch + (q >> 1) * 8
+                    value = d[wg, e, 16 * w4 + g + 8 * (q >> 1), m]
+                    if split:
+                        keep = m < m_rows
+                        ws[m[keep], c[keep]] += value[keep]
+                        continue
+                    if bias is not None:
+                        value = value + bias[n0 + c].float()
+                    smem.store16((m * (bn + 8) + c) * 2, _bits(value.to(dtype).repeat_interleave(2).reshape(-1, 2))[:, 0]
+                                 & 0xFFFF)
+    if split:
+        return smem.conflicts
+    threads = torch.arange(384)
+    for i0 in range(0, m_rows * (bn // 8), 384):
+        i = threads + i0
+        i = i[i < m_rows * (bn // 8)]
+        m, c = i // (bn // 8), i % (bn // 8)
+        words = smem.load((m * (bn + 8) + 8 * c) * 2, 4)
+        halves = torch.stack([words & 0xFFFF, words >> 16], dim=-1).reshape(-1, 8).to(torch.int16).view(dtype)
+        out[m[:, None], n0 + 8 * c[:, None] + torch.arange(8)] = halves
+    return smem.conflicts
