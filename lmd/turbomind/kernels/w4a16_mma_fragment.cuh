@@ -21,6 +21,14 @@ struct U4 { u32 x, y, z, w; };
 #else
 #define SCALE_C 16.f
 #endif
+// C in both halves of a packed pair (bf16 never word-decodes)
+#if BF16
+#define SCALE_C2 0x41804180u
+#elif WORD_DECODE
+#define SCALE_C2 0x54005400u
+#else
+#define SCALE_C2 0x4C004C00u
+#endif
 
 // (src & MASK) | magic in one LOP3: the mask as its immediate, the 1.0 / 16.0 bits in a register
 template <u32 MASK>

@@ -132,11 +132,7 @@ w4a16_mma_gemm(const u16* __restrict__ x, const u32* __restrict__ qw, const u16*
     }
 
     const u32 one = opaque(ONE2), sixteen = opaque(0x4C004C00u), offset_a = WORD_DECODE ? sixteen : one;
-#if BF16
-    const u32 scale_c2 = SCALE_C == 64.f ? 0x42804280u : 0x41804180u;
-#else
-    const u32 scale_c2 = SCALE_C == 64.f ? 0x54005400u : 0x4C004C00u;
-#endif
+    const u32 scale_c2 = SCALE_C2;
     float y[MB][4][4] = {};  // n8 block b, weight tile j
 
     // the thread's shared offsets within a stage: its words at k32 step 0 (row t, chunks 16 wn + g and + 8, i.e.

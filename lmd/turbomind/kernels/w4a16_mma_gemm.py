@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from lmd.turbomind.kernels import nvrtc
-from lmd.turbomind.kernels.w4a16_mma_gemv import FRAGMENT, GROUPS, checked_operands, unit_values
+from lmd.turbomind.kernels.w4a16_mma_gemv import FRAGMENT, GROUPS, checked_operands, launch_w4a16, unit_values
 
 BLOCK_K = 64  # k of one pipeline stage
 WARP_MS = (16, 32, 64)  # token rows a warp covers (n8 MMA blocks of 2, 4, 8)
@@ -143,20 +143,9 @@ def mma_gemm(x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zer
                          f"{GROUPS} and at most {SHARED_LIMIT} bytes of shared memory; got N={n}, K={k}, "
                          f"group={group}")
     x2d, bias = checked_operands("mma-gemm", x2d, qweight, scales, zeros, bias)
-    from lmd.turbomind.kernels.pdl import pdl_enabled  # both import Triton, which the tuner has by now
-    from lmd.turbomind.kernels.w4a16_epilogue import SplitKWorkspace
-
     grid, per_split = launch_shape(cfg, m, n, k)
-    out = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
-    ws, cnt = SplitKWorkspace.get(x2d.device, m * n, grid[0] * grid[1]) if grid[2] > 1 else (out, out)
-    pdl = pdl_enabled(x2d.device)
-    device = x2d.device.index if x2d.device.index is not None else torch.cuda.current_device()
-    kernel = _kernel(x2d.dtype, group, cfg, pdl, device)
-    with torch.cuda.device(device):
-        nvrtc.launch(kernel, grid, (32 * cfg.warps_n * cfg.warps_m, 1, 1),
-                     [x2d, qweight, scales, zeros, bias if bias is not None else out, out, ws, cnt, m, n, k,
-                      per_split, int(bias is not None)], pdl=pdl, shared_bytes=shared_bytes(cfg, group))
-    return out
+    return launch_w4a16(lambda pdl, device: _kernel(x2d.dtype, group, cfg, pdl, device), x2d, qweight, scales, zeros,
+                        bias, grid, per_split, 32 * cfg.warps_n * cfg.warps_m, shared_bytes(cfg, group))
 
 
 def mma_gemm_reference(x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,

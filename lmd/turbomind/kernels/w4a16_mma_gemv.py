@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -145,6 +146,29 @@ def checked_operands(kind: str, x2d: torch.Tensor, qweight: torch.Tensor, scales
     return x2d, bias.contiguous() if bias is not None else None
 
 
+def launch_w4a16(kernel_for: Callable[[bool, int], nvrtc.Kernel], x2d: torch.Tensor, qweight: torch.Tensor,
+                 scales: torch.Tensor, zeros: torch.Tensor, bias: torch.Tensor | None, grid: tuple[int, int, int],
+                 per_cta: int, threads: int, shared_bytes: int = 0) -> torch.Tensor:
+    """One launch of a W4A16 CUDA kernel (the three share this signature: x, qweight, scales, zeros, bias, out,
+    split-K workspace and counters, M, N, K, K work per CTA, has_bias) over grid (token tiles, channel blocks,
+    K splits); `kernel_for(pdl, device)` builds or fetches it. Returns out [M, N] in x's dtype."""
+    from lmd.turbomind.kernels.pdl import pdl_enabled  # both import Triton, which the tuner has by now
+    from lmd.turbomind.kernels.w4a16_epilogue import SplitKWorkspace
+
+    m, k = x2d.shape
+    n = qweight.shape[1]
+    out = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
+    ws, cnt = SplitKWorkspace.get(x2d.device, m * n, grid[0] * grid[1]) if grid[2] > 1 else (out, out)
+    pdl = pdl_enabled(x2d.device)
+    device = x2d.device.index if x2d.device.index is not None else torch.cuda.current_device()
+    kernel = kernel_for(pdl, device)
+    with torch.cuda.device(device):
+        nvrtc.launch(kernel, grid, (threads, 1, 1), [x2d, qweight, scales, zeros, bias if bias is not None else out,
+                                                    out, ws, cnt, m, n, k, per_cta, int(bias is not None)],
+                     pdl=pdl, shared_bytes=shared_bytes)
+    return out
+
+
 def mma_gemv(x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
              bias: torch.Tensor | None, cfg: MmaGemvConfig) -> torch.Tensor:
     """x2d [M, K] -> [M, N] in x's dtype, on CUDA; M past cfg.block_m runs as token tiles of block_m rows."""
@@ -154,21 +178,8 @@ def mma_gemv(x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zer
     if not supports(n, k, group):
         raise ValueError(f"mma-gemv needs N % {BLOCK_N} == 0 and a group of {GROUPS}; got N={n}, group={group}")
     x2d, bias = checked_operands("mma-gemv", x2d, qweight, scales, zeros, bias)
-    from lmd.turbomind.kernels.pdl import pdl_enabled  # both import Triton, which the tuner has by now
-    from lmd.turbomind.kernels.w4a16_epilogue import SplitKWorkspace
-
-    per_cta = cfg.warps * cfg.groups_per_warp
-    token_tiles, _, split = launch_shape(cfg, m, n, k, group)
-    out = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
-    ws, cnt = (SplitKWorkspace.get(x2d.device, m * n, token_tiles * (n // BLOCK_N)) if split > 1 else (out, out))
-    pdl = pdl_enabled(x2d.device)
-    device = x2d.device.index if x2d.device.index is not None else torch.cuda.current_device()
-    kernel = _kernel(x2d.dtype, group, cfg, pdl, device)
-    with torch.cuda.device(device):
-        nvrtc.launch(kernel, (token_tiles, n // BLOCK_N, split), (32 * cfg.warps, 1, 1),
-                     [x2d, qweight, scales, zeros, bias if bias is not None else out, out, ws, cnt, m, n, k, per_cta,
-                      int(bias is not None)], pdl=pdl)
-    return out
+    return launch_w4a16(lambda pdl, device: _kernel(x2d.dtype, group, cfg, pdl, device), x2d, qweight, scales, zeros,
+                        bias, launch_shape(cfg, m, n, k, group), cfg.warps * cfg.groups_per_warp, 32 * cfg.warps)
 
 
 def unit_values(qweight: torch.Tensor, dtype: torch.dtype, word: bool) -> tuple[torch.Tensor, torch.Tensor]:

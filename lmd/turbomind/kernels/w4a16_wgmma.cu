@@ -199,11 +199,7 @@ w4a16_wgmma(const u16* __restrict__ x, const u32* __restrict__ qw, const u16* __
             commit();
         }
         const u32 one = opaque(ONE2), sixteen = opaque(0x4C004C00u), offset_a = WORD_DECODE ? sixteen : one;
-#if BF16
-        const u32 scale_c2 = SCALE_C == 64.f ? 0x42804280u : 0x41804180u;
-#else
-        const u32 scale_c2 = SCALE_C == 64.f ? 0x54005400u : 0x4C004C00u;
-#endif
+        const u32 scale_c2 = SCALE_C2;
         for (int i = 0; i < count; ++i) {
             const int j = i + PREFETCH;
             if (j < count) {

@@ -35,7 +35,7 @@ import torch
 
 from lmd.turbomind.kernels import nvrtc
 from lmd.turbomind.kernels.w4a16_mma_gemm import PIPELINE
-from lmd.turbomind.kernels.w4a16_mma_gemv import FRAGMENT, GROUPS, checked_operands
+from lmd.turbomind.kernels.w4a16_mma_gemv import FRAGMENT, GROUPS, checked_operands, launch_w4a16
 
 BLOCK_K = 64
 THREADS = 384
@@ -162,17 +162,6 @@ def wgmma_gemm(x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
     x2d, bias = checked_operands("wgmma", x2d, qweight, scales, zeros, bias)
     if torch.cuda.get_device_capability(x2d.device) != (9, 0):
         raise ValueError("wgmma runs on sm_90 (Hopper) devices")
-    from lmd.turbomind.kernels.pdl import pdl_enabled
-    from lmd.turbomind.kernels.w4a16_epilogue import SplitKWorkspace
-
     grid, per_split = launch_shape(cfg, m, n, k)
-    out = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
-    ws, cnt = SplitKWorkspace.get(x2d.device, m * n, grid[0] * grid[1]) if grid[2] > 1 else (out, out)
-    pdl = pdl_enabled(x2d.device)
-    device = x2d.device.index if x2d.device.index is not None else torch.cuda.current_device()
-    kernel = _kernel(x2d.dtype, group, cfg, pdl, device)
-    with torch.cuda.device(device):
-        nvrtc.launch(kernel, grid, (THREADS, 1, 1), [x2d, qweight, scales, zeros, bias if bias is not None else out,
-                                                    out, ws, cnt, m, n, k, per_split, int(bias is not None)],
-                     pdl=pdl, shared_bytes=shared_bytes(cfg, group))
-    return out
+    return launch_w4a16(lambda pdl, device: _kernel(x2d.dtype, group, cfg, pdl, device), x2d, qweight, scales, zeros,
+                        bias, grid, per_split, THREADS, shared_bytes(cfg, group))

@@ -83,7 +83,7 @@ def test_the_bank_conflict_count_sees_an_unswizzled_layout() -> None:
 
 def test_the_emulation_reads_the_constants_the_source_uses() -> None:
     for text in ("c ^ ((row & 3) << 1)", "c ^ ((row & 1) << 2)", "0x5410", "0x7632", "0x54005400u", "0x4C004C00u",
-                 "0x42804280u", "0x41804180u", "(kt * BK + cp.s_row * 32) / GROUP", "wait_stages<STAGES - 2>()",
+                 "0x41804180u", "(kt * BK + cp.s_row * 32) / GROUP", "wait_stages<STAGES - 2>()",
                  "W_STEP % 4 == 0 || u % 2 == 0 ? 0 : 64", "lds128(w_step + 128)", "lds64(at + 64, sw[2], sw[3])",
                  "x_chunk(xrow, 4 + t)", "b * 8 * BK * 2", "w_chunk(t, 16 * wn + g)", "ch + 1"):
         assert text in kernel.FRAGMENT + kernel.SOURCE, text
