@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lmd.turbomind.kernels import nvrtc, w4a16_mma_gemm  # noqa: E402
+from lmd.turbomind.kernels import nvrtc, w4a16_mma_gemm, w4a16_wgmma  # noqa: E402
 from lmd.turbomind.kernels.w4a16 import default_plan, m_bucket, prewarm, run_plan, w4a16_linear  # noqa: E402
 from lmd.turbomind.kernels.w4a16_dequant import DequantConfig  # noqa: E402
 from lmd.turbomind.kernels.w4a16_gemm import GemmConfig  # noqa: E402
@@ -29,6 +29,7 @@ from lmd.turbomind.kernels.w4a16_gemv import GemvConfig  # noqa: E402
 from lmd.turbomind.kernels.w4a16_layout import quantize_to_engine, w4a16_matmul_reference  # noqa: E402
 from lmd.turbomind.kernels.w4a16_mma_gemm import MmaGemmConfig  # noqa: E402
 from lmd.turbomind.kernels.w4a16_mma_gemv import BLOCK_MS, MmaGemvConfig, launch_shape  # noqa: E402
+from lmd.turbomind.kernels.w4a16_wgmma import WgmmaConfig  # noqa: E402
 
 SHAPES = ((4096, 4096), (11008, 4096), (4096, 11008), (12288, 4096))  # (N out, K in), Llama-7B
 MS = (1, 2, 3, 7, 16, 33, 64, 128, 256, 2048)
@@ -76,6 +77,10 @@ def paths_for(m: int) -> list:
         plans.append(MmaGemmConfig(2, 1, 16, 3, 4))
         plans.append(MmaGemmConfig(2, 2, 32, 4, 1))
         plans.append(MmaGemmConfig(2, 2, 64, 3, 2, False))
+    if m >= 64 and nvrtc.available() and torch.cuda.get_device_capability() == (9, 0):  # the wgmma GEMM, likewise
+        plans.append(WgmmaConfig(128, 64, 4, 4))
+        plans.append(WgmmaConfig(128, 128, 4))
+        plans.append(WgmmaConfig(256, 128, 3, 1, False))
     return plans
 
 
@@ -90,7 +95,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="one shape, one group")
     parser.add_argument("--only", help="only plans whose name starts with this (gemv, gemm, wt, dequant, mma-gemv, "
-                        "mma-gemm)")
+                        "mma-gemm, wgmma)")
     parser.add_argument("--no-graphs", action="store_true", help="skip the CUDA-graph replays after prewarm")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -119,6 +124,8 @@ def main() -> int:
                             splits = launch_shape(plan, m, n, k, group)[2]
                         elif isinstance(plan, MmaGemmConfig):
                             splits = w4a16_mma_gemm.launch_shape(plan, m, n, k)[0][2]
+                        elif isinstance(plan, WgmmaConfig):
+                            splits = w4a16_wgmma.launch_shape(plan, m, n, k)[0][2]
                         else:
                             splits = getattr(plan, "split_k", 1)
                         if ok and splits > 1:  # a race shows as a second run that disagrees

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lmd.turbomind.kernels import w4a16_mma_gemm  # noqa: E402
+from lmd.turbomind.kernels import w4a16_mma_gemm, w4a16_wgmma  # noqa: E402
 from lmd.turbomind.kernels.gpu_timing import graph_ms  # noqa: E402
 from lmd.turbomind.kernels.w4a16 import TUNE_LOG, plan_for, plan_key, run_plan  # noqa: E402
 from lmd.turbomind.kernels.w4a16_layout import dequantize, engine_to_awq, quantize_to_engine  # noqa: E402
@@ -88,8 +88,9 @@ def programs(plan, m: int, n: int, k: int, group: int) -> int:
     if name == "MmaGemvConfig":
         tiles, blocks, split = launch_shape(plan, m, n, k, group)
         return tiles * blocks * split
-    if name == "MmaGemmConfig":
-        tiles, blocks, split = w4a16_mma_gemm.launch_shape(plan, m, n, k)[0]
+    if name in ("MmaGemmConfig", "WgmmaConfig"):
+        kernel = w4a16_mma_gemm if name == "MmaGemmConfig" else w4a16_wgmma
+        tiles, blocks, split = kernel.launch_shape(plan, m, n, k)[0]
         return tiles * blocks * split
     if name == "GemvConfig":
         return -(-n // plan.block_n) * plan.split_k

@@ -1,17 +1,17 @@
-"""The CUDA `mma.sync` W4A16 kernels on the GPU, the GEMV for 1-128 token rows (`w4a16_mma_gemv`) and the GEMM for 16
-rows and more (`w4a16_mma_gemm`): correctness, then speed beside lmd's shipped W4A16 plan for the same bucket and
-fp16 cuBLAS (issue 18).
+"""The CUDA W4A16 kernels on the GPU, the mma.sync GEMV for 1-128 token rows (`w4a16_mma_gemv`), the mma.sync GEMM
+for 16 rows and more (`w4a16_mma_gemm`) and the wgmma GEMM for 64 rows and more (`w4a16_wgmma`): correctness, then
+speed beside lmd's shipped W4A16 plan for the same bucket and fp16 cuBLAS (issue 18).
 
     python3 benchmarks/w4a16_mma_probe.py [--ms 1,4,8,16,32,64,128,256,1024] [--shapes 12288x4096,...] [--quick]
 
 1. Checks: fp16 and bf16, groups 32/64/128, with and without bias, split and unsplit launches, the GEMV at M =
-   1..128 (every block size, several token tiles) and the GEMM at M = 16..300 (every warp height, short last
-   tiles), against `w4a16_matmul_reference` (`output_is_wrong`, the tuner's limits) and each kernel's PyTorch twin;
-   20 CUDA-graph replays of each must repeat the eager result. Any failure makes the exit non-zero and skips
-   nothing else.
+   1..128 (every block size, several token tiles), the mma.sync GEMM at M = 16..300 (every warp height, short last
+   tiles) and the wgmma GEMM (sm_90 only) at M = 64..1024, against `w4a16_matmul_reference` (`output_is_wrong`, the
+   tuner's limits) and each kernel's PyTorch twin; 20 CUDA-graph replays of each must repeat the eager result. Any
+   failure makes the exit non-zero and skips nothing else.
 2. Timing: µs per call in a CUDA graph over weight copies worth more than L2 (as `benchmarks/kernels.py`), every
-   config of `gemv_configs` / `gemm_configs`, beside the plan `plan_for` picks today (shipped table or tuning) and
-   fp16 cuBLAS.
+   config of `gemv_configs` / `gemm_configs` / `wgmma_configs`, beside the plan `plan_for` picks today (shipped
+   table or tuning) and fp16 cuBLAS.
 Writes $OUT/w4a16_mma_probe.json and prints a table last.
 """
 
@@ -41,6 +41,8 @@ from lmd.turbomind.kernels.w4a16_mma_gemv import (  # noqa: E402
     mma_gemv_reference,
     tuner_configs,
 )
+from lmd.turbomind.kernels.w4a16_wgmma import WgmmaConfig, wgmma_gemm  # noqa: E402
+from lmd.turbomind.kernels.w4a16_wgmma import tuner_configs as wgmma_tuner_configs  # noqa: E402
 
 SHAPES = "12288x4096,4096x4096,22016x4096,4096x11008"
 
@@ -61,6 +63,14 @@ def gemm_configs(m: int, n: int, k: int) -> list[MmaGemmConfig]:
     tuned = gemm_tuner_configs(bucket, n, k, 128, torch.cuda.get_device_properties(0).multi_processor_count)
     deeper = [MmaGemmConfig(c.warps_n, c.warps_m, c.warp_m, 6, c.split) for c in tuned[-4:] if c.stages == 4]
     return tuned + deeper
+
+
+def wgmma_configs(m: int, n: int, k: int) -> list[WgmmaConfig]:
+    """The tuner's configs for M's bucket, and the other pipeline depths of its tiles."""
+    bucket = min(1 << max(m - 1, 0).bit_length(), 4096)
+    tuned = wgmma_tuner_configs(bucket, n, k, 128, torch.cuda.get_device_properties(0).multi_processor_count)
+    more = [WgmmaConfig(c.block_n, c.block_t, stages, c.split) for c in tuned for stages in (3, 5)]
+    return list(dict.fromkeys(tuned + more))
 
 
 def replays_repeat(run, x: torch.Tensor) -> bool:
@@ -123,6 +133,37 @@ def check_gemm(failures: list[str]) -> int:
     return cases
 
 
+def check_wgmma(failures: list[str]) -> int:
+    if torch.cuda.get_device_capability() != (9, 0):
+        failures.append("wgmma not checked: not an sm_90 device")
+        return 0
+    dev = torch.device("cuda")
+    cases = 0
+    for dtype in (torch.float16, torch.bfloat16):
+        for n, k, group in ((256, 1024, 128), (128, 512, 64), (256, 768, 32), (4096, 4096, 128), (512, 11008, 128)):
+            w = torch.randn(n, k, device=dev) * 0.02
+            qw, s, z = quantize_to_engine(w, group, dtype)
+            bias = torch.randn(n, device=dev, dtype=dtype)
+            for m in (64, 100, 128, 256, 300, 1024):
+                x = torch.randn(m, k, device=dev, dtype=dtype)
+                ref = w4a16_matmul_reference(x.float(), qw, s, z)
+                twin = mma_gemm_reference(x, qw, s, z)
+                for cfg in (WgmmaConfig(128, 64, 3), WgmmaConfig(128, 128, 4, 2), WgmmaConfig(256, 128, 3),
+                            WgmmaConfig(128, 256, 4, 1, False), WgmmaConfig(256, 64, 3, 3)):
+                    if n % cfg.block_n:
+                        continue
+                    for b in (None, bias):
+                        cases += 1
+                        judge(failures, f"{cfg.name()} {dtype} n{n} k{k} g{group} m{m}",
+                              wgmma_gemm(x, qw, s, z, b, cfg), ref, twin, b)
+            for cfg in (WgmmaConfig(128, 64, 4, 4), WgmmaConfig(128, 128, 4)):
+                cases += 1
+                if not replays_repeat(lambda x, c=cfg, w=(qw, s, z): wgmma_gemm(x, *w, None, c),
+                                      torch.randn(77, k, device=dev, dtype=dtype)):
+                    failures.append(f"graph replay differs {cfg.name()} {dtype} n{n} k{k}")
+    return cases
+
+
 def check_gemv(failures: list[str]) -> int:
     dev = torch.device("cuda")
     cases = 0
@@ -162,6 +203,7 @@ def fastest(family: dict[str, float]) -> tuple[float, str]:
 
 
 def bench(n: int, k: int, ms: list[int], group: int, quick: bool) -> list[dict]:
+    wgmma_ok = torch.cuda.get_device_capability() == (9, 0)
     dev = torch.device("cuda")
     w = torch.randn(n, k, device=dev, dtype=torch.float16) * 0.02
     qw, s, z = quantize_to_engine(w, group, torch.float16)
@@ -177,7 +219,8 @@ def bench(n: int, k: int, ms: list[int], group: int, quick: bool) -> list[dict]:
         t_plan = graph_us([lambda p=p, x=x, c=plan: run_plan(c, x, *p) for p in quant])
         ref = w4a16_matmul_reference(x.float(), qw, s, z)
         families = {"gemv": (mma_gemv, gemv_configs(m) if m <= MAX_ROWS else []),
-                    "gemm": (mma_gemm, gemm_configs(m, n, k) if m >= 16 else [])}
+                    "gemm": (mma_gemm, gemm_configs(m, n, k) if m >= 16 else []),
+                    "wgmma": (wgmma_gemm, wgmma_configs(m, n, k) if m >= 64 and wgmma_ok else [])}
         timings: dict[str, dict[str, float]] = {}
         for family, (kernel, configs) in families.items():
             timings[family] = {}
@@ -191,15 +234,18 @@ def bench(n: int, k: int, ms: list[int], group: int, quick: bool) -> list[dict]:
                 timings[family][cfg.name()] = graph_us([lambda p=p, x=x, c=cfg, f=kernel: f(x, *p, None, c)
                                                         for p in quant])
         (gemv_us, gemv_name), (gemm_us, gemm_name) = fastest(timings["gemv"]), fastest(timings["gemm"])
-        best = min((v for v in (gemv_us, gemm_us) if v == v), default=float("nan"))
+        wgmma_us, wgmma_name = fastest(timings["wgmma"])
+        best = min((v for v in (gemv_us, gemm_us, wgmma_us) if v == v), default=float("nan"))
         moved = q_bytes + 2 * m * (k + n)
         row = dict(n=n, k=k, m=m, fp16_us=t_fp16, plan=plan.name(), plan_us=t_plan, gemv_us=gemv_us,
-                   gemv_best=gemv_name, gemm_us=gemm_us, gemm_best=gemm_name, mma_us=best,
+                   gemv_best=gemv_name, gemm_us=gemm_us, gemm_best=gemm_name, wgmma_us=wgmma_us,
+                   wgmma_best=wgmma_name, mma_us=best,
                    mma_tb_s=moved / (best * 1e-6) / 1e12, vs_fp16=t_fp16 / best, vs_plan=t_plan / best,
                    timings=timings)
         rows.append(row)
         print(f"{n}x{k} m={m:4d} fp16 {t_fp16:6.1f} plan {t_plan:6.1f} [{plan.name()}] gemv {gemv_us:6.1f} "
-              f"[{gemv_name}] gemm {gemm_us:6.1f} [{gemm_name}] {row['mma_tb_s']:.2f} TB/s x{row['vs_fp16']:.2f} "
+              f"[{gemv_name}] gemm {gemm_us:6.1f} [{gemm_name}] wgmma {wgmma_us:6.1f} [{wgmma_name}] "
+              f"{row['mma_tb_s']:.2f} TB/s x{row['vs_fp16']:.2f} "
               f"fp16 x{row['vs_plan']:.2f} plan", flush=True)
         for family, found in timings.items():
             top = sorted((v, name) for name, v in found.items() if v == v)[:4]
@@ -221,7 +267,7 @@ def main() -> None:
     print(f"{props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}", flush=True)
     start = time.time()
     failures: list[str] = []
-    cases = check_gemv(failures) + check_gemm(failures)
+    cases = check_gemv(failures) + check_gemm(failures) + check_wgmma(failures)
     print(f"checks: {cases} cases, {len(failures)} failures ({time.time() - start:.1f} s)", flush=True)
     for f in failures[:30]:
         print("  FAIL " + f)
@@ -233,12 +279,13 @@ def main() -> None:
     out = Path(os.environ.get("OUT", "."), "w4a16_mma_probe.json")
     out.write_text(json.dumps(dict(gpu=props.name, cases=cases, failures=failures, rows=rows), indent=1))
     print(f"\nmma.sync W4A16 g{args.group}, {props.name}: µs per call (graph, cold weights)")
-    print(f"{'N x K':12s} {'M':>4s} {'fp16':>7s} {'plan':>7s} {'gemv':>7s} {'gemm':>7s} {'x fp16':>7s} {'x plan':>7s}  "
-          "best config")
+    print(f"{'N x K':12s} {'M':>4s} {'fp16':>7s} {'plan':>7s} {'gemv':>7s} {'gemm':>7s} {'wgmma':>7s} {'x fp16':>7s} "
+          f"{'x plan':>7s}  best config")
     for r in rows:
-        best = r["gemv_best"] if r["gemv_us"] == r["mma_us"] else r["gemm_best"]
+        best = next(r[f"{f}_best"] for f in ("gemv", "gemm", "wgmma") if r[f"{f}_us"] == r["mma_us"]) \
+            if r["mma_us"] == r["mma_us"] else "none right"
         print(f"{r['n']}x{r['k']:<7d} {r['m']:4d} {r['fp16_us']:7.1f} {r['plan_us']:7.1f} {r['gemv_us']:7.1f} "
-              f"{r['gemm_us']:7.1f} {r['vs_fp16']:7.2f} {r['vs_plan']:7.2f}  {best}")
+              f"{r['gemm_us']:7.1f} {r['wgmma_us']:7.1f} {r['vs_fp16']:7.2f} {r['vs_plan']:7.2f}  {best}")
     sys.exit(1 if failures else 0)
 
 
