@@ -4,7 +4,7 @@
 #           then µs per config beside today's plan and fp16 cuBLAS, M = 1..1024, on the Llama-2-7B int4 shapes
 #           (about 6 minutes on an H200);
 #   decode: int4 decode ms/token at batch 1 / 16 / 64, lmd alone, with today's plans and then with the kernels
-#           offered to the tuner (LMD_W4A16_MMA_GEMV=1), in the same call (about 5 minutes).
+#           offered to the tuner (LMD_W4A16_CUDA=1), in the same call (about 5 minutes).
 #     bash benchmarks/w4a16_mma_gpu_call.sh probe [probe flags] | decode
 # Full results under $OUT/probe, $OUT/triton and $OUT/mma; the last lines printed are the tables.
 set -euo pipefail
@@ -23,8 +23,8 @@ decode)
         flag=0
         [ "$variant" = mma ] && flag=1
         mkdir -p "$OUT/$variant"
-        echo "== int4 decode, $variant (LMD_W4A16_MMA_GEMV=$flag)"
-        LMD_W4A16_MMA_GEMV=$flag OUT="$OUT/$variant" python3 benchmarks/decode_vs_lmdeploy.py --weights int4 \
+        echo "== int4 decode, $variant (LMD_W4A16_CUDA=$flag)"
+        LMD_W4A16_CUDA=$flag OUT="$OUT/$variant" python3 benchmarks/decode_vs_lmdeploy.py --weights int4 \
             --no-peer --no-gpt-fast --batch-sizes 1,16,64 2>&1 | tee "$OUT/$variant/log.txt" | tail -12
     done
     ;;

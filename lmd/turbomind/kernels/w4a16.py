@@ -14,7 +14,7 @@ On CUDA tensors with Triton present (or under TRITON_INTERPRET=1) the token coun
                                                        (w4a16_mma_gemm)
     M >= 64     -> warpgroup wgmma GEMM in CUDA C++ (sm_90a), a producer warpgroup dequantizing into shared memory
                    beside two consumer warpgroups      (w4a16_wgmma)
-                   (the three CUDA kernels opt-in with LMD_W4A16_MMA_GEMV=1 until they have run on a GPU)
+                   (the three CUDA kernels opt-in with LMD_W4A16_CUDA=1 until they have run on a GPU)
 and the measured fastest wins (H200 figures: docs/benchmarks.md). fp16/bf16 activations; other dtypes, CPU tensors
 and machines without Triton take the PyTorch reference. On a GPU the plan of each (bucket, N, K, group, dtype) is
 autotuned once by timing the candidates and cached; `prewarm` does this for every bucket up to max_m, compiles the

@@ -84,9 +84,10 @@ def supports(n: int, k: int, group: int) -> bool:
 
 
 def enabled(device: torch.device) -> bool:
-    """Whether the tuner offers this kernel: opt-in (`LMD_W4A16_MMA_GEMV=1`) until it has passed
-    `benchmarks/w4a16_mma_probe.py` on a GPU, on CUDA devices where NVRTC works."""
-    return os.environ.get("LMD_W4A16_MMA_GEMV") == "1" and device.type == "cuda" and nvrtc.available()
+    """Whether the tuner offers lmd's CUDA C++ W4A16 kernels (this GEMV, the mma.sync GEMM, and on sm_90 the wgmma
+    GEMM): opt-in (`LMD_W4A16_CUDA=1`) until they have passed `benchmarks/w4a16_mma_probe.py` on a GPU, on CUDA
+    devices where NVRTC works."""
+    return os.environ.get("LMD_W4A16_CUDA") == "1" and device.type == "cuda" and nvrtc.available()
 
 
 MAX_ROWS = 128  # token tiles re-read the weights (from L2 at best): past 4 tiles the tensor-core GEMMs win

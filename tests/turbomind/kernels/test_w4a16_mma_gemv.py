@@ -104,7 +104,7 @@ def test_wrapper_rejects_what_the_kernel_cannot_take() -> None:
 
 
 def test_cpu_machines_neither_compile_nor_offer_it(monkeypatch) -> None:
-    monkeypatch.setenv("LMD_W4A16_MMA_GEMV", "1")
+    monkeypatch.setenv("LMD_W4A16_CUDA", "1")
     if torch.cuda.is_available():
         pytest.skip("a CUDA machine")
     assert not nvrtc.available() and not kernel.enabled(torch.device("cpu"))
