@@ -100,16 +100,18 @@ def _check(result: int, what: str) -> None:
         raise RuntimeError(f"{what}: CUDA error {result} ({(message.value or b'?').decode()})")
 
 
-STATIC_SHARED_LIMIT = 48 * 1024  # more dynamic shared memory needs the function attribute below
+DEFAULT_SHARED_LIMIT = 48 * 1024  # static + dynamic shared memory a block may use without opting in
+SHARED_SIZE_BYTES = 1  # CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: the function's static shared memory
 MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 
 
 class Kernel:
     """A loaded kernel: the driver's function handle, and its module kept alive with it."""
 
-    def __init__(self, function: ctypes.c_void_p, module: ctypes.c_void_p) -> None:
+    def __init__(self, function: ctypes.c_void_p, module: ctypes.c_void_p, static_shared: int = 0) -> None:
         self.function, self.module = function, module
-        self.shared_allowed = STATIC_SHARED_LIMIT  # dynamic shared memory a launch may ask for without opting in
+        # dynamic shared memory a launch may ask for without opting in: the default limit covers static + dynamic
+        self.shared_allowed = DEFAULT_SHARED_LIMIT - static_shared
 
 
 def _make_context_current(device: int) -> None:
@@ -133,7 +135,9 @@ def _build(source: str, name: str, device: int, arch_suffix: str) -> Kernel:
         module, function = ctypes.c_void_p(), ctypes.c_void_p()
         _check(_libcuda().cuModuleLoadData(ctypes.byref(module), cubin), "cuModuleLoadData")
         _check(_libcuda().cuModuleGetFunction(ctypes.byref(function), module, name.encode()), "cuModuleGetFunction")
-    return Kernel(function, module)
+        static = ctypes.c_int()
+        _check(_libcuda().cuFuncGetAttribute(ctypes.byref(static), SHARED_SIZE_BYTES, function), "cuFuncGetAttribute")
+    return Kernel(function, module, static.value)
 
 
 _KERNELS: dict[tuple[str, str, int, str], Kernel | NvrtcUnavailable] = {}  # a failure is remembered, not retried
@@ -202,7 +206,8 @@ def launch(kernel: Kernel, grid: tuple[int, int, int], block: tuple[int, int, in
            pdl: bool = False, shared_bytes: int = 0) -> None:
     """Launch on the current stream of the current device, which must be the kernel's (a CUDA graph capture
     records it). Tensors pass as pointers, ints as int32. With `pdl`, programmatic stream serialization (sm_90);
-    `shared_bytes` of dynamic shared memory (past 48 KiB the function is opted in once, at its first such launch)."""
+    `shared_bytes` of dynamic shared memory (past 48 KiB with the function's static shared memory, the function is
+    opted in once, at its first such launch)."""
     _make_context_current(torch.cuda.current_device())
     if shared_bytes > kernel.shared_allowed:
         _check(_libcuda().cuFuncSetAttribute(kernel.function, MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_bytes),

@@ -41,7 +41,9 @@ from lmd.turbomind.kernels.w4a16_mma_gemv import FRAGMENT, GROUPS, checked_opera
 BLOCK_K = 64  # k of one pipeline stage
 WARP_MS = (16, 32, 64)  # token rows a warp covers (n8 MMA blocks of 2, 4, 8)
 MIN_ROWS = 16  # below this the GEMV kernel's folding blocks read less
-SHARED_LIMIT = 227 * 1024  # opt-in dynamic shared memory per block on sm_90
+# sm_90's 227 KiB of shared memory a block (static + dynamic), less a margin for the kernel's static part (the
+# mbarriers, the split-K flag, the alignment of the dynamic part: up to 2 KiB)
+SHARED_LIMIT = 223 * 1024
 
 
 @dataclass(frozen=True)

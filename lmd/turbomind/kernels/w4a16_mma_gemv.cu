@@ -1,6 +1,7 @@
 // W4A16 on mma.sync for 1-128 token rows. The design, the fragment plan and the invariants: w4a16_mma_gemv.py.
 // Compiled at run time by NVRTC with the defines kernel_source() prepends (BF16, MB, GSTEPS, WARPS, PREFETCH,
-// WORD_DECODE, PDL); tests/turbomind/kernels/mma_gemv_lanes.py emulates it lane by lane; the decode and MMA helpers are w4a16_mma_fragment.cuh.
+// WORD_DECODE, PDL) and w4a16_mma_fragment.cuh (the decode and MMA helpers); tests/turbomind/kernels/mma_gemv_lanes.py
+// emulates it lane by lane.
 
 // From 32 token rows on (MB >= 4) the per-group fold would need a second accumulator set: the weights are
 // dequantized in registers instead, w = (v - offset) * (C s) + z in two packed ops, and the MMA sums over all groups.

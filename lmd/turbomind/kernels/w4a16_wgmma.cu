@@ -199,7 +199,7 @@ w4a16_wgmma(const u16* __restrict__ x, const u32* __restrict__ qw, const u16* __
             commit();
         }
         const u32 one = opaque(ONE2), sixteen = opaque(0x4C004C00u), offset_a = WORD_DECODE ? sixteen : one;
-        const u32 scale_c2 = SCALE_C2;
+        const u32 scale_c2 = SCALE_C2;  // C s: finite while |s| < 1024
         for (int i = 0; i < count; ++i) {
             const int j = i + PREFETCH;
             if (j < count) {
@@ -234,7 +234,8 @@ w4a16_wgmma(const u16* __restrict__ x, const u32* __restrict__ qw, const u16* __
             for (int kk = 0; kk < BK / 16; ++kk)  // k16 steps: two core matrices along k each
 #pragma unroll
                 for (int e = 0; e < SLICES; ++e)
-                    wgmma_tile(d[e], matrix_descriptor(stage + A_OFFSET + (slice0 + e) * 8 * CORE_SBO + kk * 2 * CORE_LBO),
+                    wgmma_tile(d[e],
+                               matrix_descriptor(stage + A_OFFSET + (slice0 + e) * 8 * CORE_SBO + kk * 2 * CORE_LBO),
                                matrix_descriptor(stage + X_OFFSET + kk * 2 * CORE_LBO));
             wgmma_commit();
             wgmma_wait<1>();  // tile i - 1's group is done: its stage goes back to the producer
@@ -272,7 +273,8 @@ w4a16_wgmma(const u16* __restrict__ x, const u32* __restrict__ qw, const u16* __
                         if (m < M) atomicAdd(ws + (u64)m * N + n0 + c, d[e][4 * v + q]);
                     } else {
                         const u16 h = from_float(d[e][4 * v + q] + (q >> 1 ? b_hi : b_lo));
-                        asm volatile("st.shared.u16 [%0], %1;" ::"r"(base + (m * OUT_PITCH + c) * 2), "h"(h) : "memory");
+                        const u32 at = base + (m * OUT_PITCH + c) * 2;
+                        asm volatile("st.shared.u16 [%0], %1;" ::"r"(at), "h"(h) : "memory");
                     }
                 }
         }

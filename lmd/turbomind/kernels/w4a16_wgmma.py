@@ -40,7 +40,9 @@ from lmd.turbomind.kernels.w4a16_mma_gemv import FRAGMENT, GROUPS, checked_opera
 BLOCK_K = 64
 THREADS = 384
 MIN_ROWS = 64  # below this the producer's decode outruns the MMAs it feeds: the mma.sync kernels win
-SHARED_LIMIT = 227 * 1024
+# sm_90's 227 KiB of shared memory a block (static + dynamic), less a margin for the kernel's static part (the
+# mbarriers, the split-K flag, the alignment of the dynamic part: up to 2 KiB)
+SHARED_LIMIT = 223 * 1024
 MAX_ACCUMULATORS = 128  # fp32 accumulators a consumer thread holds (BN / 128 slices x BT / 2)
 
 
@@ -99,7 +101,8 @@ TILES = ((128, 64), (128, 128), (256, 64), (256, 128), (128, 256))  # (block_n, 
 
 def tuner_configs(bucket: int, n: int, k: int, group: int, sms: int) -> list[WgmmaConfig]:
     """The configs the tuner times for a bucket of at least MIN_ROWS rows: tiles no taller than the bucket, the
-    deepest pipelines that fit, unsplit and with the smallest power-of-two split that fills every SM once."""
+    deepest pipeline that fits (and 4 stages beside 6), unsplit and with the smallest power-of-two split that fills
+    every SM once."""
     if bucket < MIN_ROWS:
         return []
     out = []
@@ -110,13 +113,10 @@ def tuner_configs(bucket: int, n: int, k: int, group: int, sms: int) -> list[Wgm
         split = 1
         while tiles * split < sms and (k // BLOCK_K) // (2 * split) >= 4:
             split *= 2
-        for stages in (4, 6):
+        fits = [s for s in range(3, 7) if supports(WgmmaConfig(block_n, block_t, s), n, k, group)]
+        for stages in fits[-1:] + ([4] if fits and fits[-1] >= 6 else []):  # the deepest, and 4 beside 6
             for s in dict.fromkeys((1, split)):
-                cfg = WgmmaConfig(block_n, block_t, stages, s)
-                if not supports(cfg, n, k, group):
-                    cfg = WgmmaConfig(block_n, block_t, 3, s)
-                if supports(cfg, n, k, group) and cfg not in out:
-                    out.append(cfg)
+                out.append(WgmmaConfig(block_n, block_t, stages, s))
     return out
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lmd.turbomind.kernels import nvrtc
-from lmd.turbomind.kernels.w4a16_mma_gemm import MmaGemmConfig, kernel_source
+from lmd.turbomind.kernels.w4a16_mma_gemm import SHARED_LIMIT, MmaGemmConfig, kernel_source
 from tests.turbomind.kernels import nvrtc_offline
 
 SPECIALIZATIONS = [  # (dtype, group, config, pdl): both dtypes, warp rows 16/32/64, 1-8 warps, groups, stages
@@ -36,3 +36,4 @@ def test_specialization_compiles_for_sm90(offline, spec) -> None:
     assert "LDGSTS.E.BYPASS.128" in sass and "LDG.E.128" not in sass
     assert ("ACQBULK" in sass) == pdl  # griddepcontrol.wait
     assert usage["STACK"] <= 16 and usage["REG"] <= 255  # at most a few scalars spilled, no arrays in local memory
+    assert usage["SHARED"] <= 227 * 1024 - SHARED_LIMIT  # the static part fits the margin the limit leaves

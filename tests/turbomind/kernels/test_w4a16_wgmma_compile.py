@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lmd.turbomind.kernels import nvrtc
-from lmd.turbomind.kernels.w4a16_wgmma import WgmmaConfig, kernel_source
+from lmd.turbomind.kernels.w4a16_wgmma import SHARED_LIMIT, WgmmaConfig, kernel_source
 from tests.turbomind.kernels import nvrtc_offline
 
 SPECIALIZATIONS = [  # (dtype, group, config, pdl): both dtypes, every tile, groups, pipeline depths
@@ -35,3 +35,4 @@ def test_specialization_compiles_for_sm90a(offline, spec) -> None:
     assert "LDGSTS.E.BYPASS.128" in sass and "FENCE.VIEW.ASYNC.S" in sass and "BAR.SYNC.DEFER_BLOCKING 0x1, 0x80" in sass
     assert ("ACQBULK" in sass) == pdl
     assert usage["REG"] <= 168 and usage["STACK"] == 0  # 65536 / 384 registers a thread, nothing spilled
+    assert usage["SHARED"] <= 227 * 1024 - SHARED_LIMIT  # the static part fits the margin the limit leaves
