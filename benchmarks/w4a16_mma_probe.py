@@ -100,7 +100,21 @@ def judge(failures: list[str], what: str, y: torch.Tensor, ref: torch.Tensor, tw
     err = ((y.float() - want).norm() / want.norm()).item()
     twin_err = ((y.float() - twin.float() - add).norm() / want.norm()).item()
     if output_is_wrong(y, want) or twin_err > (1e-2 if y.dtype == torch.bfloat16 else 2e-3):
-        failures.append(f"{what} bias={bias is not None}: rel err {err:.3g}, vs twin {twin_err:.3g}")
+        failures.append(f"{what} bias={bias is not None}: rel err {err:.3g}, vs twin {twin_err:.3g}; "
+                        + wrong_pattern(y.float(), want))
+
+
+def wrong_pattern(y: torch.Tensor, want: torch.Tensor) -> str:
+    """Where the wrong outputs sit, to tell a layout slip from a race on the first run: the share of wrong elements
+    (off by more than 5 % of their row's largest output) and which token rows and channels mod 16 they fall on."""
+    bad = ~((y - want).abs() <= 0.05 * want.abs().amax(dim=1, keepdim=True))  # NaN counts as wrong
+    if not bool(bad.any()):
+        return "no element off by 5 %"
+    rows = sorted({int(r) for r in torch.nonzero(bad.any(dim=1)).flatten() % 16})
+    cols = sorted({int(c) for c in torch.nonzero(bad.any(dim=0)).flatten() % 16})
+    nonfinite = int((~torch.isfinite(y)).sum())
+    return (f"{float(bad.float().mean()):.1%} wrong ({nonfinite} not finite), token rows mod 16 {rows}, channels mod 16 "
+            f"{cols}, first wrong at {tuple(int(v) for v in torch.nonzero(bad)[0])}")
 
 
 def check_gemm(failures: list[str]) -> int:
