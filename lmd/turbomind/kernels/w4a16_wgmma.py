@@ -97,12 +97,14 @@ def launch_shape(cfg: WgmmaConfig, m: int, n: int, k: int) -> tuple[tuple[int, i
 
 
 TILES = ((128, 64), (128, 128), (256, 64), (256, 128), (128, 256))  # (block_n, block_t)
+# 128 x 64 with 3 stages: 86 KiB and 62 registers a thread, so two CTAs share an SM (a ragged last wave costs half)
+TWO_A_SM = (128, 64)
 
 
 def tuner_configs(bucket: int, n: int, k: int, group: int, sms: int) -> list[WgmmaConfig]:
     """The configs the tuner times for a bucket of at least MIN_ROWS rows: tiles no taller than the bucket, the
-    deepest pipeline that fits (and 4 stages beside 6), unsplit and with the smallest power-of-two split that fills
-    every SM once."""
+    deepest pipeline that fits (and 4 stages beside 6; 3 for the tile two CTAs an SM can share), unsplit and with
+    the smallest power-of-two split that fills every SM once."""
     if bucket < MIN_ROWS:
         return []
     out = []
@@ -114,7 +116,10 @@ def tuner_configs(bucket: int, n: int, k: int, group: int, sms: int) -> list[Wgm
         while tiles * split < sms and (k // BLOCK_K) // (2 * split) >= 4:
             split *= 2
         fits = [s for s in range(3, 7) if supports(WgmmaConfig(block_n, block_t, s), n, k, group)]
-        for stages in fits[-1:] + ([4] if fits and fits[-1] >= 6 else []):  # the deepest, and 4 beside 6
+        depths = fits[-1:] + ([4] if fits and fits[-1] >= 6 else [])  # the deepest, and 4 beside 6
+        if (block_n, block_t) == TWO_A_SM:
+            depths.append(3)
+        for stages in depths:
             for s in dict.fromkeys((1, split)):
                 out.append(WgmmaConfig(block_n, block_t, stages, s))
     return out
