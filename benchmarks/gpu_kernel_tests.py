@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lmd.turbomind.kernels import nvrtc, w4a16_mma_gemm, w4a16_wgmma  # noqa: E402
+from lmd.turbomind.kernels import nvrtc, w4a16_mma_gemm  # noqa: E402
 from lmd.turbomind.kernels.w4a16 import default_plan, m_bucket, prewarm, run_plan, w4a16_linear  # noqa: E402
 from lmd.turbomind.kernels.w4a16_dequant import DequantConfig  # noqa: E402
 from lmd.turbomind.kernels.w4a16_gemm import GemmConfig  # noqa: E402
@@ -78,7 +78,7 @@ def paths_for(m: int) -> list:
         plans.append(MmaGemmConfig(2, 2, 32, 4, 1))
         plans.append(MmaGemmConfig(2, 2, 64, 3, 2, False))
     if m >= 64 and nvrtc.available() and torch.cuda.get_device_capability() == (9, 0):  # the wgmma GEMM, likewise
-        plans.append(WgmmaConfig(128, 64, 4, 4))
+        plans.append(WgmmaConfig(128, 64, 4, 0))
         plans.append(WgmmaConfig(128, 128, 4))
         plans.append(WgmmaConfig(256, 128, 3, 1, False))
     return plans
@@ -124,8 +124,8 @@ def main() -> int:
                             splits = launch_shape(plan, m, n, k, group)[2]
                         elif isinstance(plan, MmaGemmConfig):
                             splits = w4a16_mma_gemm.launch_shape(plan, m, n, k)[0][2]
-                        elif isinstance(plan, WgmmaConfig):
-                            splits = w4a16_wgmma.launch_shape(plan, m, n, k)[0][2]
+                        elif isinstance(plan, WgmmaConfig):  # stream-K (split 0) shares tiles between CTAs
+                            splits = plan.split != 1
                         else:
                             splits = getattr(plan, "split_k", 1)
                         if ok and splits > 1:  # a race shows as a second run that disagrees

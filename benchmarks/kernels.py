@@ -88,10 +88,11 @@ def programs(plan, m: int, n: int, k: int, group: int) -> int:
     if name == "MmaGemvConfig":
         tiles, blocks, split = launch_shape(plan, m, n, k, group)
         return tiles * blocks * split
-    if name in ("MmaGemmConfig", "WgmmaConfig"):
-        kernel = w4a16_mma_gemm if name == "MmaGemmConfig" else w4a16_wgmma
-        tiles, blocks, split = kernel.launch_shape(plan, m, n, k)[0]
+    if name == "MmaGemmConfig":
+        tiles, blocks, split = w4a16_mma_gemm.launch_shape(plan, m, n, k)[0]
         return tiles * blocks * split
+    if name == "WgmmaConfig":
+        return w4a16_wgmma.grid_size(plan, m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
     if name == "GemvConfig":
         return -(-n // plan.block_n) * plan.split_k
     if name in ("GemmConfig", "WtGemmConfig"):

@@ -112,6 +112,7 @@ class Kernel:
         self.function, self.module = function, module
         # dynamic shared memory a launch may ask for without opting in: the default limit covers static + dynamic
         self.shared_allowed = DEFAULT_SHARED_LIMIT - static_shared
+        self.resident: dict[tuple[int, int], int] = {}  # (threads, dynamic shared bytes) -> CTAs an SM holds
 
 
 def _make_context_current(device: int) -> None:
@@ -202,6 +203,29 @@ def _kernel_params(args: list[Any]) -> tuple[ctypes.Array, list[Any]]:
     return params, values
 
 
+def _allow_shared(kernel: Kernel, shared_bytes: int) -> None:
+    """Opt the function in to `shared_bytes` of dynamic shared memory where the default limit is too small."""
+    if shared_bytes > kernel.shared_allowed:
+        _check(_libcuda().cuFuncSetAttribute(kernel.function, MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_bytes),
+               "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")
+        kernel.shared_allowed = shared_bytes
+
+
+def max_active_blocks(kernel: Kernel, threads: int, shared_bytes: int) -> int:
+    """CTAs of `threads` threads and `shared_bytes` of dynamic shared memory one SM holds at once (the driver's
+    occupancy calculator; cached per kernel). On the current device, which must be the kernel's."""
+    key = (threads, shared_bytes)
+    if key not in kernel.resident:
+        _make_context_current(torch.cuda.current_device())
+        _allow_shared(kernel, shared_bytes)
+        blocks = ctypes.c_int()
+        _check(_libcuda().cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(blocks), kernel.function, threads,
+                                                                       ctypes.c_size_t(shared_bytes)),
+               "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+        kernel.resident[key] = blocks.value
+    return kernel.resident[key]
+
+
 def launch(kernel: Kernel, grid: tuple[int, int, int], block: tuple[int, int, int], args: list[Any],
            pdl: bool = False, shared_bytes: int = 0) -> None:
     """Launch on the current stream of the current device, which must be the kernel's (a CUDA graph capture
@@ -209,10 +233,7 @@ def launch(kernel: Kernel, grid: tuple[int, int, int], block: tuple[int, int, in
     `shared_bytes` of dynamic shared memory (past 48 KiB with the function's static shared memory, the function is
     opted in once, at its first such launch)."""
     _make_context_current(torch.cuda.current_device())
-    if shared_bytes > kernel.shared_allowed:
-        _check(_libcuda().cuFuncSetAttribute(kernel.function, MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_bytes),
-               "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")
-        kernel.shared_allowed = shared_bytes
+    _allow_shared(kernel, shared_bytes)
     config, _attr = launch_config(grid, block, torch.cuda.current_stream().cuda_stream, pdl, shared_bytes)
     params, _values = _kernel_params(args)
     _check(_libcuda().cuLaunchKernelEx(ctypes.byref(config), kernel.function, params, None), "cuLaunchKernelEx")

@@ -177,23 +177,27 @@ __device__ __forceinline__ u32 word(const U4& v, int i) { return i == 0 ? v.x : 
 // 16-byte load of the warp then reads whole 128-byte rows (lanes g = 0..7), no sector split between two loads.
 __device__ __forceinline__ int channel(int e) { return e < 4 ? e : 28 + e; }  // word e's channel, from col
 
-// split-K (w4a16_epilogue's protocol): once every CTA of an output tile has added its fp32 partials into ws, the last
-// one to bump the tile's counter writes the tile's M x cols outputs (+ bias) from the sum, zeroes the workspace and
-// resets the counter, so both are all-zero between launches. ws and out point at the tile's first row.
+// split-K (w4a16_epilogue's protocol): once each of an output tile's `contributors` has added its fp32 partials into
+// ws, the last one to bump the tile's counter writes the tile's M x cols outputs (+ bias) from the sum, zeroes the
+// workspace and resets the counter, so both are all-zero between launches. ws and out point at the tile's first row.
+// The `threads` taking part are numbered `thread` from 0 and meet at BARRIER: 0 is __syncthreads (the whole CTA),
+// else the named barrier of that id over `threads` threads.
+template <int BARRIER>
 __device__ __forceinline__ void finish_split_k(float* ws, int* counters, int tile, u16* out, const u16* bias,
-                                               int has_bias, int M, int N, int n0, int cols, int threads) {
-    __shared__ int last_cta;
+                                               int has_bias, int M, int N, int n0, int cols, int contributors,
+                                               int thread, int threads) {
+    __shared__ int last_contributor;
     __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last_cta = atomicAdd(counters + tile, 1) == (int)gridDim.z - 1;
-    __syncthreads();
-    if (!last_cta) return;
+    if (BARRIER == 0) __syncthreads(); else asm volatile("bar.sync %0, %1;" ::"n"(BARRIER), "r"(threads) : "memory");
+    if (thread == 0) last_contributor = atomicAdd(counters + tile, 1) == contributors - 1;
+    if (BARRIER == 0) __syncthreads(); else asm volatile("bar.sync %0, %1;" ::"n"(BARRIER), "r"(threads) : "memory");
+    if (!last_contributor) return;
     __threadfence();
-    for (int i = threadIdx.x; i < M * cols; i += threads) {
+    for (int i = thread; i < M * cols; i += threads) {
         const int m = i / cols, n = n0 + i % cols;
         float v = atomicExch(ws + (u64)m * N + n, 0.f);
         if (has_bias) v += to_float(bias[n], 0);
         out[(u64)m * N + n] = from_float(v);
     }
-    if (threadIdx.x == 0) atomicExch(counters + tile, 0);
+    if (thread == 0) atomicExch(counters + tile, 0);
 }

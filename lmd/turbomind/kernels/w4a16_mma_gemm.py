@@ -147,7 +147,8 @@ def mma_gemm(x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zer
     x2d, bias = checked_operands("mma-gemm", x2d, qweight, scales, zeros, bias)
     grid, per_split = launch_shape(cfg, m, n, k)
     return launch_w4a16(lambda pdl, device: _kernel(x2d.dtype, group, cfg, pdl, device), x2d, qweight, scales, zeros,
-                        bias, grid, per_split, 32 * cfg.warps_n * cfg.warps_m, shared_bytes(cfg, group))
+                        bias, grid, [per_split], grid[0] * grid[1] if grid[2] > 1 else 0,
+                        32 * cfg.warps_n * cfg.warps_m, shared_bytes(cfg, group))
 
 
 def mma_gemm_reference(x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,

@@ -242,5 +242,7 @@ w4a16_mma_gemv(const u16* __restrict__ x, const u32* __restrict__ qw, const u16*
             out[(u64)m * N + n] = from_float(v);
         }
     }
-    if (split) finish_split_k(ws, counters, tile, out, bias, has_bias, M, N, blockIdx.y * 64, 64, WARPS * 32);
+    if (split)
+        finish_split_k<0>(ws, counters, tile, out, bias, has_bias, M, N, blockIdx.y * 64, 64, gridDim.z, threadIdx.x,
+                          WARPS * 32);
 }

@@ -148,25 +148,27 @@ def checked_operands(kind: str, x2d: torch.Tensor, qweight: torch.Tensor, scales
 
 
 def launch_w4a16(kernel_for: Callable[[bool, int], nvrtc.Kernel], x2d: torch.Tensor, qweight: torch.Tensor,
-                 scales: torch.Tensor, zeros: torch.Tensor, bias: torch.Tensor | None, grid: tuple[int, int, int],
-                 per_cta: int, threads: int, shared_bytes: int = 0) -> torch.Tensor:
-    """One launch of a W4A16 CUDA kernel (the three share this signature: x, qweight, scales, zeros, bias, out,
-    split-K workspace and counters, M, N, K, K work per CTA, has_bias) over grid (token tiles, channel blocks,
-    K splits); `kernel_for(pdl, device)` builds or fetches it. Returns out [M, N] in x's dtype."""
+                 scales: torch.Tensor, zeros: torch.Tensor, bias: torch.Tensor | None,
+                 grid: tuple[int, int, int] | Callable[[nvrtc.Kernel], tuple[int, int, int]], extra: list[int],
+                 tiles: int, threads: int, shared_bytes: int = 0) -> torch.Tensor:
+    """One launch of a W4A16 CUDA kernel (the three share the parameters x, qweight, scales, zeros, bias, out,
+    split-K workspace and counters, M, N, K, then their own `extra` ints, then has_bias); `kernel_for(pdl, device)`
+    builds or fetches it, `grid` may depend on it. `tiles`: the output tiles a split-K counter is kept for (0: the
+    launch adds no partials). Returns out [M, N] in x's dtype."""
     from lmd.turbomind.kernels.pdl import pdl_enabled  # both import Triton, which the tuner has by now
     from lmd.turbomind.kernels.w4a16_epilogue import SplitKWorkspace
 
     m, k = x2d.shape
     n = qweight.shape[1]
     out = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
-    ws, cnt = SplitKWorkspace.get(x2d.device, m * n, grid[0] * grid[1]) if grid[2] > 1 else (out, out)
+    ws, cnt = SplitKWorkspace.get(x2d.device, m * n, tiles) if tiles else (out, out)
     pdl = pdl_enabled(x2d.device)
     device = x2d.device.index if x2d.device.index is not None else torch.cuda.current_device()
     kernel = kernel_for(pdl, device)
     with torch.cuda.device(device):
-        nvrtc.launch(kernel, grid, (threads, 1, 1), [x2d, qweight, scales, zeros, bias if bias is not None else out,
-                                                    out, ws, cnt, m, n, k, per_cta, int(bias is not None)],
-                     pdl=pdl, shared_bytes=shared_bytes)
+        nvrtc.launch(kernel, grid(kernel) if callable(grid) else grid, (threads, 1, 1),
+                     [x2d, qweight, scales, zeros, bias if bias is not None else out, out, ws, cnt, m, n, k, *extra,
+                      int(bias is not None)], pdl=pdl, shared_bytes=shared_bytes)
     return out
 
 
@@ -179,8 +181,10 @@ def mma_gemv(x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zer
     if not supports(n, k, group):
         raise ValueError(f"mma-gemv needs N % {BLOCK_N} == 0 and a group of {GROUPS}; got N={n}, group={group}")
     x2d, bias = checked_operands("mma-gemv", x2d, qweight, scales, zeros, bias)
+    grid = launch_shape(cfg, m, n, k, group)
     return launch_w4a16(lambda pdl, device: _kernel(x2d.dtype, group, cfg, pdl, device), x2d, qweight, scales, zeros,
-                        bias, launch_shape(cfg, m, n, k, group), cfg.warps * cfg.groups_per_warp, 32 * cfg.warps)
+                        bias, grid, [cfg.warps * cfg.groups_per_warp], grid[0] * grid[1] if grid[2] > 1 else 0,
+                        32 * cfg.warps)
 
 
 def unit_values(qweight: torch.Tensor, dtype: torch.dtype, word: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,6 +10,16 @@
 #define SLICES (BN / 128)         // 64-channel wgmma slices of a consumer warpgroup
 #define SROWS (GROUP < BK ? BK / GROUP : 1)
 #define PREFETCH (STAGES - 2)     // k tiles whose copies are in flight ahead of the one being decoded
+// registers a thread: the consumers hold BT / 2 accumulators a slice, the producer little. One CTA an SM: 168 at
+// launch, then 128 x 88 + 256 x 208 <= 65536; two (CTAS_PER_SM 2, the small tile): 80, then 128 x 56 + 256 x 88 <=
+// 384 x 80 (setmaxnreg moves them once the warpgroups part)
+#if CTAS_PER_SM == 2
+#define PRODUCER_REGISTERS 56
+#define CONSUMER_REGISTERS 88
+#else
+#define PRODUCER_REGISTERS 88
+#define CONSUMER_REGISTERS 208
+#endif
 
 // one stage: raw words [8][BN] u32, scales and zeros [SROWS][BN] halves each, then x and the dequantized A tile in
 // wgmma's canonical K-major layout without swizzle: 8 x 8 core matrices of 128 contiguous bytes (8 rows of 16
@@ -21,7 +31,6 @@
 #define X_OFFSET (RAW_BYTES + 2 * SC_BYTES)
 #define A_OFFSET (X_OFFSET + BT * BK * 2)
 #define STAGE_BYTES (A_OFFSET + BN * BK * 2)
-#define OUT_PITCH (BN + 8)        // halves per row of the output tile staged in shared memory (+8: banks)
 
 __device__ __forceinline__ u32 core_offset(int row, int k8) {  // k8: the 8-wide k chunk within the stage
     return (row >> 3) * CORE_SBO + k8 * CORE_LBO + (row & 7) * 16;
@@ -76,8 +85,9 @@ __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(PENDING) : "memory");
 }
 
-// wgmma_tile(d, a, b): d (64 channels x BT tokens, fp32, the thread's BT / 2 values) += A (64 x 16, descriptor a)
-// B (16 x BT, descriptor b); its text, one asm statement with BT / 2 operands, comes with the defines
+// wgmma_tile(d, a, b, accumulate): d (64 channels x BT tokens, fp32, the thread's BT / 2 values) = A (64 x 16,
+// descriptor a) B (16 x BT, descriptor b) (+ d if accumulate); its text, one asm statement with BT / 2 operands,
+// comes with the defines
 
 // the accumulators as the compiler must see them: written by the asynchronous wgmma, read only after its wait
 __device__ __forceinline__ void fence_operands(float* d) {
@@ -153,23 +163,38 @@ __device__ __forceinline__ void dequant_stage(u32 stage, u32 scale_c2, u32 one, 
     }
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
+// Stream-K: the CTAs split the tile-major sequence of (output tile, k tile) iterations evenly, CTA c taking
+// [c I / G, (c + 1) I / G) of I = tiles x k tiles; tile t = token tile t % tiles_m, channel block t / tiles_m. A tile
+// one CTA covers whole is written straight from the accumulators; the CTAs that share a tile add fp32 partials
+// into the split-K workspace and the last of them writes it (finish_split_k).
+struct Work {
+    int tile, kt, m0, M, n0;  // output tile, k tile, its first token row and rows, its first channel
+};
+
+__device__ __forceinline__ Work work_at(long long it, int KT, int tiles_m, int rows) {
+    Work w;
+    w.tile = (int)(it / KT);
+    w.kt = (int)(it % KT);
+    w.m0 = (w.tile % tiles_m) * BT;
+    w.M = rows - w.m0 < BT ? rows - w.m0 : BT;
+    w.n0 = (w.tile / tiles_m) * BN;
+    return w;
+}
+
+__device__ __forceinline__ int owner(long long it, long long total) {  // the CTA whose range holds iteration it
+    return (int)(((it + 1) * gridDim.x - 1) / total);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM)
 w4a16_wgmma(const u16* __restrict__ x, const u32* __restrict__ qw, const u16* __restrict__ scales,
             const u16* __restrict__ zeros, const u16* __restrict__ bias, u16* __restrict__ out,
-            float* __restrict__ ws, int* __restrict__ counters, int rows, int N, int K, int tiles_per_split,
-            int has_bias) {
-    // grid: x = token tiles of BT rows, y = BN-channel blocks, z = K splits of tiles_per_split k tiles
+            float* __restrict__ ws, int* __restrict__ counters, int rows, int N, int K, int has_bias) {
     extern __shared__ __align__(1024) char smem[];
     __shared__ __align__(8) u64 barriers[2 * STAGES];  // full[s], then empty[s]
-    const int m0 = blockIdx.x * BT;
-    const int M = rows - m0 < BT ? rows - m0 : BT;
-    x += (u64)m0 * K;
-    out += (u64)m0 * N;
-    ws += (u64)m0 * N;
-    const int n0 = blockIdx.y * BN;
-    const int tile = blockIdx.y * gridDim.x + blockIdx.x;
-    const int first = blockIdx.z * tiles_per_split;
-    const int count = (first + tiles_per_split < K / BK ? first + tiles_per_split : K / BK) - first;
+    const int KT = K / BK, tiles_m = (rows + BT - 1) / BT;
+    const long long total = (long long)tiles_m * (N / BN) * KT;
+    const long long it0 = blockIdx.x * total / gridDim.x;
+    const int count = (int)((blockIdx.x + 1) * total / gridDim.x - it0);
     const u32 base = smem_address(smem), full = smem_address(barriers), empty = full + 8 * STAGES;
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
@@ -180,22 +205,22 @@ w4a16_wgmma(const u16* __restrict__ x, const u32* __restrict__ qw, const u16* __
     }
     __syncthreads();
     const int warpgroup = threadIdx.x / 128;
-    float d[SLICES][BT / 2];  // a consumer's accumulators (the producer leaves them alone)
-#pragma unroll
-    for (int e = 0; e < SLICES; ++e)
-#pragma unroll
-        for (int v = 0; v < BT / 2; ++v) d[e][v] = 0.f;
-    const int slice0 = (warpgroup - 1) * SLICES;
 
-    if (warpgroup == 0) {  // the producer
-        for (int j = 0; j < PREFETCH && j < count; ++j)
-            copy_weights(base + j * STAGE_BYTES, qw, scales, zeros, N, n0, first + j);
+    if (warpgroup == 0) {  // the producer: copies PREFETCH iterations ahead, dequantizes one ahead of the MMAs
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGISTERS));
+        for (int j = 0; j < PREFETCH && j < count; ++j) {
+            const Work w = work_at(it0 + j, KT, tiles_m, rows);
+            copy_weights(base + j * STAGE_BYTES, qw, scales, zeros, N, w.n0, w.kt);
+        }
 #if PDL
         asm volatile("griddepcontrol.wait;" ::: "memory");
         asm volatile("griddepcontrol.launch_dependents;" :::);
 #endif
         for (int j = 0; j < PREFETCH; ++j) {
-            if (j < count) copy_x(base + j * STAGE_BYTES, x, M, K, first + j);
+            if (j < count) {
+                const Work w = work_at(it0 + j, KT, tiles_m, rows);
+                copy_x(base + j * STAGE_BYTES, x + (u64)w.m0 * K, w.M, K, w.kt);
+            }
             commit();
         }
         const u32 one = opaque(ONE2), sixteen = opaque(0x4C004C00u), offset_a = WORD_DECODE ? sixteen : one;
@@ -204,12 +229,13 @@ w4a16_wgmma(const u16* __restrict__ x, const u32* __restrict__ qw, const u16* __
             const int j = i + PREFETCH;
             if (j < count) {
                 const int sj = j % STAGES;
-                if (j >= STAGES) barrier_wait(empty + 8 * sj, ((j / STAGES) & 1) ^ 1);  // tile j - STAGES read
-                copy_weights(base + sj * STAGE_BYTES, qw, scales, zeros, N, n0, first + j);
-                copy_x(base + sj * STAGE_BYTES, x, M, K, first + j);
+                if (j >= STAGES) barrier_wait(empty + 8 * sj, ((j / STAGES) & 1) ^ 1);  // iteration j - STAGES read
+                const Work w = work_at(it0 + j, KT, tiles_m, rows);
+                copy_weights(base + sj * STAGE_BYTES, qw, scales, zeros, N, w.n0, w.kt);
+                copy_x(base + sj * STAGE_BYTES, x + (u64)w.m0 * K, w.M, K, w.kt);
             }
             commit();  // an empty group past the end keeps the count of pending groups right
-            wait_stages<PREFETCH>();  // this thread's copies of tile i have landed...
+            wait_stages<PREFETCH>();  // this thread's copies of iteration i have landed...
             producers_sync();  // ... and every producer's
             const int s = i % STAGES;
             dequant_stage(base + s * STAGE_BYTES, scale_c2, one, sixteen, offset_a);
@@ -218,12 +244,24 @@ w4a16_wgmma(const u16* __restrict__ x, const u32* __restrict__ qw, const u16* __
             if (threadIdx.x == 0) barrier_arrive(full + 8 * s);
         }
         wait_stages<0>();
-    } else {  // a consumer: channels (warpgroup - 1) * 64 SLICES .. of the block, all BT tokens
+        return;
+    }
+
+    // a consumer: channels (warpgroup - 1) * 64 SLICES .. of the tile, all BT tokens
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(CONSUMER_REGISTERS));
 #if PDL
-        asm volatile("griddepcontrol.wait;" ::: "memory");
-        asm volatile("griddepcontrol.launch_dependents;" :::);
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" :::);
 #endif
-        for (int i = 0; i < count; ++i) {
+    const int slice0 = (warpgroup - 1) * SLICES;
+    const int lane = threadIdx.x & 31, w4 = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
+    float d[SLICES][BT / 2];
+    // the accumulators are touched by wgmma alone inside a segment (its first MMA overwrites them: scale-d 0), so
+    // that ptxas keeps one group in flight; the epilogue reads them after the segment's last wait
+    for (int i = 0; i < count;) {
+        const Work w = work_at(it0 + i, KT, tiles_m, rows);
+        const int first_kt = w.kt, length = count - i < KT - w.kt ? count - i : KT - w.kt;
+        for (int step = 0; step < length; ++step, ++i) {
             const int s = i % STAGES;
             const u32 stage = base + s * STAGE_BYTES;
             barrier_wait(full + 8 * s, (i / STAGES) & 1);
@@ -236,9 +274,9 @@ w4a16_wgmma(const u16* __restrict__ x, const u32* __restrict__ qw, const u16* __
                 for (int e = 0; e < SLICES; ++e)
                     wgmma_tile(d[e],
                                matrix_descriptor(stage + A_OFFSET + (slice0 + e) * 8 * CORE_SBO + kk * 2 * CORE_LBO),
-                               matrix_descriptor(stage + X_OFFSET + kk * 2 * CORE_LBO));
+                               matrix_descriptor(stage + X_OFFSET + kk * 2 * CORE_LBO), step > 0 || kk > 0);
             wgmma_commit();
-            wgmma_wait<1>();  // tile i - 1's group is done: its stage goes back to the producer
+            wgmma_wait<1>();  // iteration i - 1's group is done: its stage goes back to the producer
 #pragma unroll
             for (int e = 0; e < SLICES; ++e) fence_operands(d[e]);
             if (i > 0 && threadIdx.x % 128 == 0) barrier_arrive(empty + 8 * ((i - 1) % STAGES));
@@ -247,45 +285,38 @@ w4a16_wgmma(const u16* __restrict__ x, const u32* __restrict__ qw, const u16* __
 #pragma unroll
         for (int e = 0; e < SLICES; ++e) fence_operands(d[e]);
 
-    }
-    __syncthreads();  // every copy and every wgmma read is over: the pipeline's shared memory is free
-
-    // d[e][4v + q] of warp w4, lane (g, t): channel 16 w4 + g of slice slice0 + e (+ 8 for q >= 2), token 8v + 2t
-    // (+ 1 for odd q). Split: fp32 adds into the workspace. Else the tile is staged in shared memory as
-    // [token][OUT_PITCH] halves (lanes g: 16 consecutive bytes; rows 2t: 8 banks apart) and leaves in 16-byte rows.
-    const int split = gridDim.z > 1;
-    if (warpgroup > 0) {
-        const int lane = threadIdx.x & 31, w4 = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
+        // the segment of tile w.tile ends here. d[e][4v + q] of warp w4, lane (g, t): channel 16 w4 + g of slice
+        // slice0 + e (+ 8 for q >= 2), token 8v + 2t (+ 1 for odd q)
+        const int last_kt = first_kt + length - 1;
+        const int contributors = first_kt == 0 && last_kt == KT - 1
+            ? 1 : owner((long long)(w.tile + 1) * KT - 1, total) - owner((long long)w.tile * KT, total) + 1;
+        u16* tile_out = out + (u64)w.m0 * N;
+        float* tile_ws = ws + (u64)w.m0 * N;
 #pragma unroll
         for (int e = 0; e < SLICES; ++e) {
-            const int ch = (slice0 + e) * 64 + 16 * w4 + g;
+            const int ch = w.n0 + (slice0 + e) * 64 + 16 * w4 + g;
             float b_lo = 0.f, b_hi = 0.f;
-            if (has_bias && !split) {
-                b_lo = to_float(bias[n0 + ch], 0);
-                b_hi = to_float(bias[n0 + ch + 8], 0);
+            if (has_bias && contributors == 1) {
+                b_lo = to_float(bias[ch], 0);
+                b_hi = to_float(bias[ch + 8], 0);
             }
+            const u64 at = (u64)(2 * t) * N + ch;  // token 2t, channel ch; then 8 tokens a v (one pointer to carry)
 #pragma unroll
-            for (int v = 0; v < BT / 8; ++v)
+            for (int v = 0; v < BT / 8; ++v) {
+                const u64 row = at + (u64)(8 * v) * N;
 #pragma unroll
                 for (int q = 0; q < 4; ++q) {
-                    const int m = 8 * v + 2 * t + (q & 1), c = ch + (q >> 1) * 8;
-                    if (split) {
-                        if (m < M) atomicAdd(ws + (u64)m * N + n0 + c, d[e][4 * v + q]);
-                    } else {
-                        const u16 h = from_float(d[e][4 * v + q] + (q >> 1 ? b_hi : b_lo));
-                        const u32 at = base + (m * OUT_PITCH + c) * 2;
-                        asm volatile("st.shared.u16 [%0], %1;" ::"r"(at), "h"(h) : "memory");
-                    }
+                    if (8 * v + 2 * t + (q & 1) >= w.M) continue;
+                    const u64 i_out = row + (q & 1) * N + (q >> 1) * 8;
+                    if (contributors == 1)
+                        tile_out[i_out] = from_float(d[e][4 * v + q] + (q >> 1 ? b_hi : b_lo));
+                    else
+                        atomicAdd(tile_ws + i_out, d[e][4 * v + q]);
                 }
+            }
         }
-    }
-    if (split) {
-        finish_split_k(ws, counters, tile, out, bias, has_bias, M, N, n0, BN, THREADS);
-        return;
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < M * (BN / 8); i += THREADS) {
-        const int m = i / (BN / 8), c = i % (BN / 8);
-        *(U4*)(out + (u64)m * N + n0 + 8 * c) = lds128(base + (m * OUT_PITCH + 8 * c) * 2);
+        if (contributors > 1)
+            finish_split_k<2>(tile_ws, counters, w.tile, tile_out, bias, has_bias, w.M, N, w.n0, BN, contributors,
+                              threadIdx.x - 128, 256);
     }
 }

@@ -3,8 +3,8 @@ rows and more, in CUDA C++ (NVRTC).
 
 From a few hundred rows on a W4A16 GEMM is bound by the tensor cores, and on Hopper only wgmma reaches their rate
 (`mma.sync`, the other kernels' MMA, stays well below it); the int4 decode must then run beside the MMAs, not in
-front of them. A CTA of 384 threads takes BN output channels (128 or 256) by BT token rows (64, 128 or 256) over
-its K range, in k tiles of 64 through STAGES shared-memory stages:
+front of them. A CTA of 384 threads works on output tiles of BN channels (128 or 256) by BT token rows (64, 128
+or 256), in k tiles of 64 through STAGES shared-memory stages:
 
     warpgroup 0 (producer)   cp.async: packed words [8][BN], scales and zeros, x [BT][64] (rows past M zero-filled),
                              PREFETCH = STAGES - 2 tiles ahead; then dequantizes tile i's words into the stage's
@@ -14,15 +14,22 @@ its K range, in k tiles of 64 through STAGES shared-memory stages:
     (consumers)              shared memory); commit; once tile i - 1's group is done, arrive on empty[(i-1) % S]
 
 The producer refills a stage only after empty says both consumers' reads of its previous tile are over, and
-dequantizes tile i while the consumers' wgmma of tile i - 1 runs. x and A sit in wgmma's canonical K-major layout
-without swizzle: 8 x 8 core matrices of 128 contiguous bytes, core (row / 8, k / 8) at (row / 8) 1024 + (k / 8) 128,
-so a cp.async chunk or a dequantized word is one 16-byte row of a core matrix and 8 neighbouring threads fill one.
-Accumulators: BT / 2 fp32 a thread per slice (a consumer holds BN / 128 slices). The output tile leaves through
-shared memory in 16-byte rows; split-K adds fp32 partials into the self-cleaning workspace (`w4a16_epilogue`).
+dequantizes tile i while the consumers' wgmma of tile i - 1 runs. Work is scheduled stream-K: the grid's G CTAs
+split the tile-major sequence of (output tile, k tile) iterations evenly, so no wave is ragged however the tiles
+fall on the SMs (the N = 4096 shapes, or 172 tiles on 132 SMs); the pipeline runs on across tile boundaries. A tile
+one CTA covers whole leaves straight from the accumulators; the CTAs that share one add fp32 partials into the
+self-cleaning split-K workspace (`w4a16_epilogue`) and the last of them writes it. `split` sets G: one CTA a tile
+(1), that many a tile (2, 3, ...), or as many as the SMs hold at once (0, "stream").
+
+x and A sit in wgmma's canonical K-major layout without swizzle: 8 x 8 core matrices of 128 contiguous bytes, core
+(row / 8, k / 8) at (row / 8) 1024 + (k / 8) 128, so a cp.async chunk or a dequantized word is one 16-byte row of a
+core matrix and 8 neighbouring threads fill one.
+Accumulators: BT / 2 fp32 a thread per slice (a consumer holds BN / 128 slices).
 
 The PyTorch twin is the mma.sync GEMM's (`mma_gemm_reference`: the same decode and dequant rounding); CI runs a
 lane-level emulation (tests/turbomind/kernels/wgmma_lanes.py: copies, decode and stores at their shared addresses,
-the descriptors read through the canonical layout, the register layout of D) and compiles it for sm_90a.
+the descriptors read through the canonical layout, the register layout of D, the stream-K segments and the
+workspace left clean) and compiles it for sm_90a.
 """
 
 from __future__ import annotations
@@ -51,17 +58,17 @@ class WgmmaConfig:
     block_n: int = 128  # output channels of a CTA: 128 or 256 (64-channel slices, half to each consumer)
     block_t: int = 128  # token rows of a CTA: 64, 128 or 256 (the wgmma's n)
     stages: int = 4  # shared-memory stages (3-8): PREFETCH = stages - 2 tiles of copies in flight
-    split: int = 1  # K splits asked for
+    split: int = 1  # CTAs a tile (1, 2, ...) or 0: stream-K over as many CTAs as the SMs hold at once
     word_decode: bool = True  # fp16: one shift per packed word (bf16 always per pair)
 
     def __post_init__(self) -> None:
         if (self.block_n not in (128, 256) or self.block_t not in (64, 128, 256) or not 3 <= self.stages <= 8
-                or self.split < 1 or self.block_n // 128 * self.block_t // 2 > MAX_ACCUMULATORS):
+                or self.split < 0 or self.block_n // 128 * self.block_t // 2 > MAX_ACCUMULATORS):
             raise ValueError(f"wgmma config: block_n 128/256, block_t 64/128/256 with at most {MAX_ACCUMULATORS} "
-                             f"accumulators a thread, 3-8 stages, split >= 1; got {self}")
+                             f"accumulators a thread, 3-8 stages, split >= 0; got {self}")
 
     def name(self) -> str:
-        return (f"wgmma n{self.block_n} t{self.block_t} s{self.stages} k{self.split}"
+        return (f"wgmma n{self.block_n} t{self.block_t} s{self.stages} {f'k{self.split}' if self.split else 'stream'}"
                 f"{'' if self.word_decode else ' pair'}")
 
 
@@ -72,8 +79,8 @@ def stage_bytes(cfg: WgmmaConfig, group: int) -> int:
 
 
 def shared_bytes(cfg: WgmmaConfig, group: int) -> int:
-    """Dynamic shared memory: the stages, or the output tile staged at the end if that is larger."""
-    return max(cfg.stages * stage_bytes(cfg, group), cfg.block_t * (cfg.block_n + 8) * 2)
+    """Dynamic shared memory: the stages."""
+    return cfg.stages * stage_bytes(cfg, group)
 
 
 def supports(cfg: WgmmaConfig, n: int, k: int, group: int) -> bool:
@@ -89,39 +96,46 @@ def enabled(device: torch.device) -> bool:
             and torch.cuda.get_device_capability(device) == (9, 0))
 
 
-def launch_shape(cfg: WgmmaConfig, m: int, n: int, k: int) -> tuple[tuple[int, int, int], int]:
-    """((token tiles, channel blocks, K splits), k tiles per split), every split non-empty."""
-    k_tiles = k // BLOCK_K
-    per_split = -(-k_tiles // min(cfg.split, k_tiles))
-    return (-(-m // cfg.block_t), n // cfg.block_n, -(-k_tiles // per_split)), per_split
+def iterations(cfg: WgmmaConfig, m: int, n: int, k: int) -> tuple[int, int]:
+    """(output tiles, (tile, k tile) iterations) of a launch."""
+    tiles = -(-m // cfg.block_t) * (n // cfg.block_n)
+    return tiles, tiles * (k // BLOCK_K)
+
+
+def grid_size(cfg: WgmmaConfig, m: int, n: int, k: int, resident: int) -> int:
+    """G, the CTAs of a launch: `split` a tile, or (split 0) `resident` (the SMs times the CTAs one holds), never more
+    than there are iterations."""
+    tiles, total = iterations(cfg, m, n, k)
+    return min(total, tiles * cfg.split if cfg.split else resident)
 
 
 TILES = ((128, 64), (128, 128), (256, 64), (256, 128), (128, 256))  # (block_n, block_t)
-# 128 x 64 with 3 stages: 86 KiB and 62 registers a thread, so two CTAs share an SM (a ragged last wave costs half)
+# 128 x 64 with 3 stages: 86 KiB and 32 accumulators a consumer thread, so two CTAs share an SM (built for it:
+# `ctas_per_sm`), two producers decoding for one tensor core
 TWO_A_SM = (128, 64)
 
 
-def tuner_configs(bucket: int, n: int, k: int, group: int, sms: int) -> list[WgmmaConfig]:
+def ctas_per_sm(cfg: WgmmaConfig, group: int) -> int:
+    """CTAs an SM holds at once, as the kernel is built (its launch bounds and register split): 2 for the small tile
+    where its shared memory allows, else 1."""
+    return 2 if (cfg.block_n, cfg.block_t) == TWO_A_SM and 2 * shared_bytes(cfg, group) <= SHARED_LIMIT else 1
+
+
+def tuner_configs(bucket: int, n: int, k: int, group: int) -> list[WgmmaConfig]:
     """The configs the tuner times for a bucket of at least MIN_ROWS rows: tiles no taller than the bucket, the
-    deepest pipeline that fits (and 4 stages beside 6; 3 for the tile two CTAs an SM can share), unsplit and with
-    the smallest power-of-two split that fills every SM once."""
+    deepest pipeline that fits (and 4 stages beside 6; 3 for the tile two CTAs an SM can share), one CTA a tile and
+    stream-K."""
     if bucket < MIN_ROWS:
         return []
     out = []
     for block_n, block_t in TILES:
         if block_t > bucket:
             continue
-        tiles = -(-bucket // block_t) * (n // block_n)
-        split = 1
-        while tiles * split < sms and (k // BLOCK_K) // (2 * split) >= 4:
-            split *= 2
         fits = [s for s in range(3, 7) if supports(WgmmaConfig(block_n, block_t, s), n, k, group)]
         depths = fits[-1:] + ([4] if fits and fits[-1] >= 6 else [])  # the deepest, and 4 beside 6
         if (block_n, block_t) == TWO_A_SM:
             depths.append(3)
-        for stages in depths:
-            for s in dict.fromkeys((1, split)):
-                out.append(WgmmaConfig(block_n, block_t, stages, s))
+        out += [WgmmaConfig(block_n, block_t, stages, split) for stages in depths for split in (1, 0)]
     return out
 
 
@@ -129,23 +143,25 @@ SOURCE = Path(__file__).with_suffix(".cu").read_text()
 
 
 def wgmma_tile_source(dtype: torch.dtype, block_t: int) -> str:
-    """`wgmma_tile(d, a, b)`: one wgmma.mma_async m64n<block_t>k16 with fp32 accumulators d[0 .. block_t / 2),
-    A and B from shared-memory descriptors, both K-major (no transpose), D accumulated (scale-d true)."""
+    """`wgmma_tile(d, a, b, accumulate)`: one wgmma.mma_async m64n<block_t>k16 with fp32 accumulators d[0 ..
+    block_t / 2), A and B from shared-memory descriptors, both K-major (no transpose); D = A B (+ D if accumulate:
+    the scale-d predicate)."""
     n = block_t // 2
     kind = "bf16" if dtype == torch.bfloat16 else "f16"
     regs = ", ".join(f"%{i}" for i in range(n))
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(n))
-    return ("__device__ __forceinline__ void wgmma_tile(float* d, u64 a, u64 b) {\n"
+    return ("__device__ __forceinline__ void wgmma_tile(float* d, u64 a, u64 b, int accumulate) {\n"
             f'    asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{n + 2}, 0;\\n"\n'
             f'                 "wgmma.mma_async.sync.aligned.m64n{block_t}k16.f32.{kind}.{kind} {{{regs}}}, '
             f'%{n}, %{n + 1}, p, 1, 1, 0, 0;\\n}}\\n"\n'
             f'                 : {outs}\n'
-            '                 : "l"(a), "l"(b), "r"(1));\n}\n')
+            '                 : "l"(a), "l"(b), "r"(accumulate));\n}\n')
 
 
 def kernel_source(dtype: torch.dtype, group: int, cfg: WgmmaConfig, pdl: bool = False) -> str:
     defines = {"BF16": int(dtype == torch.bfloat16), "WORD_DECODE": int(cfg.word_decode and dtype == torch.float16),
-               "BN": cfg.block_n, "BT": cfg.block_t, "STAGES": cfg.stages, "GROUP": group, "PDL": int(pdl)}
+               "BN": cfg.block_n, "BT": cfg.block_t, "STAGES": cfg.stages, "GROUP": group, "PDL": int(pdl),
+               "CTAS_PER_SM": ctas_per_sm(cfg, group)}
     return ("".join(f"#define {k} {v}\n" for k, v in defines.items()) + FRAGMENT + PIPELINE
             + wgmma_tile_source(dtype, cfg.block_t) + SOURCE)
 
@@ -167,6 +183,13 @@ def wgmma_gemm(x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
     x2d, bias = checked_operands("wgmma", x2d, qweight, scales, zeros, bias)
     if torch.cuda.get_device_capability(x2d.device) != (9, 0):
         raise ValueError("wgmma runs on sm_90 (Hopper) devices")
-    grid, per_split = launch_shape(cfg, m, n, k)
+    sms = torch.cuda.get_device_properties(x2d.device).multi_processor_count
+    tiles, _ = iterations(cfg, m, n, k)
+
+    def grid(kernel: nvrtc.Kernel) -> tuple[int, int, int]:
+        resident = sms * max(1, nvrtc.max_active_blocks(kernel, THREADS, shared_bytes(cfg, group)))
+        return grid_size(cfg, m, n, k, resident), 1, 1
+
+    # every launch may add partials (a tile G does not divide evenly): the counters are kept for all tiles
     return launch_w4a16(lambda pdl, device: _kernel(x2d.dtype, group, cfg, pdl, device), x2d, qweight, scales, zeros,
-                        bias, grid, per_split, THREADS, shared_bytes(cfg, group))
+                        bias, grid, [], tiles, THREADS, shared_bytes(cfg, group))

@@ -15,21 +15,27 @@ from lmd.turbomind.kernels.w4a16_wgmma import WgmmaConfig, wgmma_gemm
 from tests.turbomind.kernels import wgmma_lanes
 from tests.turbomind.kernels.mma_cases import DTYPES, ROW_LIMIT, engine_weights, lane_case, row_errors
 
-CASES = [  # (n, k, group, m, config): both channel blocks, token tiles 64-256, pipelines 3-6, splits, short tiles
-    (128, 256, 128, 64, WgmmaConfig(128, 64, 3)),
-    (256, 512, 32, 100, WgmmaConfig(256, 128, 4, 2)),  # two scale rows a stage; a 100-row tile; two splits
-    (128, 384, 64, 70, WgmmaConfig(128, 64, 5, 1, False)),  # a second token tile of 6 rows; pair decode
-    (256, 320, 64, 64, WgmmaConfig(128, 256, 6, 3)),  # 5 k tiles in splits of 2, 2, 1; two channel blocks
-    (128, 768, 64, 128, WgmmaConfig(128, 128, 4)),  # 12 k tiles: every stage refilled several times
+CASES = [  # (n, k, group, m, config, resident CTAs): both channel blocks, token tiles 64-256, pipelines 3-6, short
+    # tiles; one CTA a tile, several, and stream-K with CTAs that take several tiles and share some
+    (128, 256, 128, 64, WgmmaConfig(128, 64, 3), 132),
+    (256, 512, 32, 100, WgmmaConfig(256, 128, 4, 2), 132),  # two scale rows a stage; a 100-row tile; two CTAs a tile
+    (128, 384, 64, 70, WgmmaConfig(128, 64, 5, 1, False), 132),  # a second token tile of 6 rows; pair decode
+    (256, 320, 64, 64, WgmmaConfig(128, 256, 6, 3), 132),  # 5 k tiles over 3 CTAs a tile; two channel blocks
+    (128, 768, 64, 128, WgmmaConfig(128, 128, 4), 132),  # 12 k tiles: every stage refilled several times
+    (384, 256, 128, 200, WgmmaConfig(128, 64, 3, 0), 5),  # stream-K: 12 tiles x 4 k tiles on 5 CTAs
+    (256, 512, 64, 64, WgmmaConfig(128, 64, 4, 0), 3),  # stream-K: 2 tiles x 8 k tiles on 3 CTAs
+    (128, 128, 32, 130, WgmmaConfig(128, 128, 3, 0), 7),  # stream-K with more CTAs than... 4 iterations: G = 4
 ]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"n{c[0]}k{c[1]}g{c[2]}m{c[3]}-{c[4].name().replace(' ', '_')}")
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"n{c[0]}k{c[1]}g{c[2]}m{c[3]}-{c[4].name().replace(' ', '_')}"
+                         f"-r{c[5]}")
 def test_lane_emulation_of_the_kernel_matches_the_reference(dtype, case) -> None:
-    n, k, group, m, cfg = case
+    n, k, group, m, cfg, resident = case
     qweight, scales, zeros, x, bias, ref = lane_case(n, k, group, m, dtype)
-    y, conflicts = wgmma_lanes.run(x, qweight, scales, zeros, bias, cfg)  # asserts every output written
+    # asserts every output written once and the split-K workspace clean at the end
+    y, conflicts = wgmma_lanes.run(x, qweight, scales, zeros, bias, cfg, resident)
     assert y.shape == (m, n) and y.dtype == dtype
     assert row_errors(y, ref).max() < ROW_LIMIT[dtype]
     twin = mma_gemm_reference(x, qweight, scales, zeros, cfg.word_decode).float() + bias.float()
@@ -55,7 +61,11 @@ def test_the_emulation_reads_the_layout_the_source_uses() -> None:
                  "((u64)(CORE_LBO >> 4) << 16) | ((u64)(CORE_SBO >> 4) << 32)",
                  "(i >> 6) * 8 + (i & 7), c = (i >> 3) & 7",
                  "(slice0 + e) * 8 * CORE_SBO + kk * 2 * CORE_LBO", "X_OFFSET + kk * 2 * CORE_LBO",
-                 "prmt(p04, p15, 0x5410)", "prmt(p26, p37, 0x7632)", "(m * OUT_PITCH + c) * 2", "(r / 4) % SROWS",
+                 "prmt(p04, p15, 0x5410)", "prmt(p26, p37, 0x7632)", "(r / 4) % SROWS",
+                 "(((it + 1) * gridDim.x - 1) / total)", "first_kt == 0 && last_kt == KT - 1",
+                 "count - i < KT - w.kt ? count - i : KT - w.kt", "step > 0 || kk > 0",
+                 "blockIdx.x * total / gridDim.x",
+                 "(w.tile % tiles_m) * BT", "(w.tile / tiles_m) * BN",
                  "barrier_init(empty + 8 * s, 2)", "((j / STAGES) & 1) ^ 1", "(i / STAGES) & 1", "wgmma_wait<1>()",
                  "#define PREFETCH (STAGES - 2)"):
         assert text in kernel.SOURCE, text
@@ -78,20 +88,30 @@ def test_wrapper_and_config_reject_what_the_kernel_cannot_take() -> None:
     qweight, scales, zeros = engine_weights(128, 256, 128, torch.float16)
     with pytest.raises(ValueError, match="CUDA tensors"):
         wgmma_gemm(torch.randn(64, 256, dtype=torch.float16), qweight, scales, zeros, None, WgmmaConfig())
-    for bad in ({"block_n": 64}, {"block_t": 32}, {"block_n": 256, "block_t": 256}, {"stages": 2}, {"split": 0}):
+    for bad in ({"block_n": 64}, {"block_t": 32}, {"block_n": 256, "block_t": 256}, {"stages": 2}, {"split": -1}):
         with pytest.raises(ValueError, match="wgmma config"):
             WgmmaConfig(**bad)
     assert not kernel.supports(WgmmaConfig(256, 128, 4), 4096, 4096, 128)  # 4 stages of 58 KiB: too much
 
 
 def test_tuner_configs() -> None:
-    assert kernel.tuner_configs(32, 4096, 4096, 128, 132) == []
+    assert kernel.tuner_configs(32, 4096, 4096, 128) == []
     for bucket in (64, 256, 4096):
-        configs = kernel.tuner_configs(bucket, 11008, 4096, 128, 132)
+        configs = kernel.tuner_configs(bucket, 11008, 4096, 128)
         assert configs and len({c.name() for c in configs}) == len(configs)
         assert all(c.block_t <= bucket and kernel.supports(c, 11008, 4096, 128) for c in configs)
-    assert any(c.split > 1 for c in kernel.tuner_configs(64, 4096, 4096, 128, 132))
-    assert not any(c.block_n == 256 for c in kernel.tuner_configs(4096, 33 * 128, 4096, 128, 132))
+        assert {c.split for c in configs} == {0, 1}  # one CTA a tile, and stream-K
+    assert not any(c.block_n == 256 for c in kernel.tuner_configs(4096, 33 * 128, 4096, 128))
+
+
+def test_grid_sizes() -> None:
+    cfg = WgmmaConfig(128, 128, 4)
+    assert kernel.iterations(cfg, 256, 11008, 4096) == (172, 172 * 64)
+    assert kernel.grid_size(cfg, 256, 11008, 4096, 132) == 172
+    assert kernel.grid_size(WgmmaConfig(128, 128, 4, 3), 256, 11008, 4096, 132) == 516
+    assert kernel.grid_size(WgmmaConfig(128, 128, 4, 0), 256, 11008, 4096, 132) == 132
+    assert kernel.grid_size(WgmmaConfig(128, 128, 4, 0), 100, 128, 128, 132) == 2  # never more than the iterations
+    assert WgmmaConfig(128, 64, 3, 0).name() == "wgmma n128 t64 s3 stream"
 
 
 def test_the_dispatcher_offers_it_only_when_enabled(monkeypatch) -> None:
@@ -103,7 +123,7 @@ def test_the_dispatcher_offers_it_only_when_enabled(monkeypatch) -> None:
     monkeypatch.setattr(w4a16_mma_gemv, "enabled", lambda device: True)
     monkeypatch.setattr(kernel, "enabled", lambda device: True)
     offered = [p for p in w4a16.candidates(256, 4096, 4096, 128, cpu) if isinstance(p, WgmmaConfig)]
-    assert offered == kernel.tuner_configs(256, 4096, 4096, 128, 1)
+    assert offered == kernel.tuner_configs(256, 4096, 4096, 128)
 
 
 def test_reference_and_emulation_agree_on_a_tile_of_zeros_past_m() -> None:

@@ -12,9 +12,11 @@ workspace. What the hardware does with the same text is the GPU probe's job (`be
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from lmd.turbomind.kernels.w4a16_wgmma import BLOCK_K, WgmmaConfig, launch_shape, shared_bytes, stage_bytes
+from lmd.turbomind.kernels.w4a16_wgmma import BLOCK_K, WgmmaConfig, grid_size, iterations, shared_bytes, stage_bytes
 from tests.turbomind.kernels.mma_gemv_lanes import U32, _bits, _halves, dequant, prmt, unit_pair
 from tests.turbomind.kernels.shared_memory_model import SharedMemory
 
@@ -43,35 +45,40 @@ def read_operand(smem: SharedMemory, desc: int, rows: int, dtype: torch.dtype) -
 
 
 def run(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-        bias: torch.Tensor | None, cfg: WgmmaConfig) -> tuple[torch.Tensor, int]:
-    """(what the kernel writes for x [M, K] fp16/bf16, as `wgmma_gemm` launches it; the bank conflicts met)."""
+        bias: torch.Tensor | None, cfg: WgmmaConfig, resident: int = 132) -> tuple[torch.Tensor, int]:
+    """(what the kernel writes for x [M, K] fp16/bf16, as `wgmma_gemm` launches it on a GPU that holds `resident`
+    CTAs at once; the bank conflicts met). Checks on the way that every output is written once and that the split-K
+    workspace and counters are all-zero again at the end."""
     rows, k = x.shape
     n = qweight.shape[1]
-    group = k // scales.shape[0]
-    (tiles_m, tiles_n, splits), per_split = launch_shape(cfg, rows, n, k)
-    out = torch.full((rows, n), float("nan"), dtype=x.dtype)
+    tiles, total = iterations(cfg, rows, n, k)
+    ctas = grid_size(cfg, rows, n, k, resident)
+    state = Outputs(torch.full((rows, n), float("nan"), dtype=x.dtype), torch.zeros(rows, n, dtype=torch.int64),
+                    torch.zeros(rows, n), torch.zeros(tiles, dtype=torch.int64))
     conflicts = 0
-    for tm in range(tiles_m):
-        m0 = tm * cfg.block_t
-        for tn in range(tiles_n):
-            ws = torch.zeros(cfg.block_t, cfg.block_n)
-            for z in range(splits):
-                conflicts += _cta(x[m0:m0 + cfg.block_t], qweight, scales, zeros, bias, cfg, group, tn * cfg.block_n,
-                                  z * per_split, min(per_split, k // BLOCK_K - z * per_split), splits > 1,
-                                  out[m0:m0 + cfg.block_t], ws)
-            if splits > 1:  # finish_split_k
-                m_rows = min(cfg.block_t, rows - m0)
-                cols = slice(tn * cfg.block_n, (tn + 1) * cfg.block_n)
-                out[m0:m0 + m_rows, cols] = (ws[:m_rows] + (bias[cols].float() if bias is not None else 0.0)).to(x.dtype)
-    assert not bool(out.isnan().any()), "an output element never written"
-    return out, conflicts
+    for c in range(ctas):
+        it0 = c * total // ctas
+        conflicts += _cta(x, qweight, scales, zeros, bias, cfg, it0, (c + 1) * total // ctas - it0, ctas, total, state)
+    assert bool((state.writes == 1).all()), "an output element written more than once or never"
+    assert not bool(state.ws.any()) and not bool(state.counters.any()), "the split-K workspace is not clean again"
+    return state.out, conflicts
+
+
+@dataclass
+class Outputs:
+    out: torch.Tensor
+    writes: torch.Tensor  # times each output element was written
+    ws: torch.Tensor  # the split-K workspace (fp32, M x N)
+    counters: torch.Tensor  # one a tile
 
 
 def _cta(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-         bias: torch.Tensor | None, cfg: WgmmaConfig, group: int, n0: int, first: int, count: int, split: bool,
-         out: torch.Tensor, ws: torch.Tensor) -> int:
+         bias: torch.Tensor | None, cfg: WgmmaConfig, it0: int, count: int, ctas: int, total: int,
+         state: Outputs) -> int:
     dtype = x.dtype
-    m_rows, k = x.shape
+    rows, k = x.shape
+    group = k // scales.shape[0]
+    kt_count, tiles_m = k // BLOCK_K, -(-rows // cfg.block_t)
     bn, bt, stages = cfg.block_n, cfg.block_t, cfg.stages
     slices, prefetch = bn // 128, stages - 2
     scale_rows = BLOCK_K // group if group < BLOCK_K else 1
@@ -88,27 +95,34 @@ def _cta(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: to
     x_words, s_words, z_words = _bits(x), _bits(scales), _bits(zeros)
     quads = torch.arange(4)
 
-    def copy_weights(base: int, kt: int) -> None:
+    def work_at(it: int) -> tuple[int, int, int, int, int]:  # (tile, k tile, first row, rows, first channel)
+        tile, kt = it // kt_count, it % kt_count
+        m0 = (tile % tiles_m) * bt
+        return tile, kt, m0, min(bt, rows - m0), (tile // tiles_m) * bn
+
+    def owner(it: int) -> int:
+        return ((it + 1) * ctas - 1) // total
+
+    def copy_weights(base: int, n0: int, kt: int) -> None:
         raw_step = 128 // (bn // 4)
         c, r0 = P % (bn // 4), P // (bn // 4)
         for u in range(8 // raw_step):
             r = r0 + u * raw_step
             smem.copy16(base + r * bn * 4 + c * 16, q_words[(kt * 8 + r)[:, None], (n0 + 4 * c)[:, None] + quads],
                         torch.ones(128, dtype=torch.bool))
-        on = 2 * scale_rows * (bn // 8) > P
-        p = P[on]
+        p = P[: 2 * scale_rows * (bn // 8)]  # the threads with a scale or zero chunk
         which, r, sc = p // (scale_rows * (bn // 8)), (p // (bn // 8)) % scale_rows, p % (bn // 8)
         row = (kt * BLOCK_K + r * 32) // group
         cols = ((n0 + 8 * sc) // 2)[:, None] + quads
         src = torch.where(which[:, None] == 1, z_words[row[:, None], cols], s_words[row[:, None], cols])
         smem.copy16(base + raw_bytes + which * sc_bytes + r * bn * 2 + sc * 16, src, torch.ones_like(p, dtype=bool))
 
-    def copy_x(base: int, kt: int) -> None:
+    def copy_x(base: int, m0: int, m_rows: int, kt: int) -> None:
         for u in range(bt * 8 // 128):
             i = P + u * 128
             m, c = (i >> 6) * 8 + (i & 7), (i >> 3) & 7
             valid = m < m_rows
-            src = x_words[torch.where(valid, m, 0)[:, None], ((kt * BLOCK_K + c * 8) // 2)[:, None] + quads]
+            src = x_words[m0 + torch.where(valid, m, 0)[:, None], ((kt * BLOCK_K + c * 8) // 2)[:, None] + quads]
             smem.copy16(base + x_offset + core_offset(m, c), src, valid)
 
     def dequant_stage(base: int) -> None:
@@ -129,50 +143,62 @@ def _cta(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: to
                 smem.store(base + a_offset + core_offset(nn, r), halves)
 
     for j in range(min(prefetch, count)):  # the prologue: weights, then (after the PDL wait) x
-        copy_weights(j * stage, first + j)
+        _, kt, _, _, n0 = work_at(it0 + j)
+        copy_weights(j * stage, n0, kt)
     for j in range(min(prefetch, count)):
-        copy_x(j * stage, first + j)
-    d = torch.zeros(2, slices, 64, bt)  # consumer warpgroup, slice: D [channels of the slice, tokens]
-    for i in range(count):
-        j = i + prefetch
-        if j < count:  # the stage of tile j - stages, which the consumers released (tile i - 2 < i)
-            copy_weights((j % stages) * stage, first + j)
-            copy_x((j % stages) * stage, first + j)
-        base = (i % stages) * stage
-        dequant_stage(base)
-        for wg in range(2):  # after full[i % stages]
-            for kk in range(BLOCK_K // 16):
-                b = read_operand(smem, descriptor(base + x_offset + kk * 2 * CORE_LBO), bt, dtype)
-                for e in range(slices):
-                    a_desc = descriptor(base + a_offset + (wg * slices + e) * 8 * CORE_SBO + kk * 2 * CORE_LBO)
-                    d[wg, e] += read_operand(smem, a_desc, 64, dtype) @ b.T
-
-    # the registers: d[e][4v + q] of warp w4, lane (g, t) = D[16 w4 + g + 8 (q >> 1), 8v + 2t + (q & 1)]
+        _, kt, m0, m_rows, _ = work_at(it0 + j)
+        copy_x(j * stage, m0, m_rows, kt)
+    d = torch.full((2, slices, 64, bt), float("nan"))  # consumer warpgroup, slice: D [channels, tokens]; never zeroed
     lane = P % 32
     w4, g, t = P // 32, lane >> 2, lane & 3
-    for wg in range(2):
-        for e in range(slices):
-            ch = (wg * slices + e) * 64 + 16 * w4 + g
-            for v in range(bt // 8):
-                for q in range(4):
-                    m, c = 8 * v + 2 * t + (q & 1), ch + (q >> 1) * 8
-                    value = d[wg, e, 16 * w4 + g + 8 * (q >> 1), m]
-                    if split:
+    i = 0
+    while i < count:  # the consumers' segments: a tile's k tiles in this CTA's range
+        tile, first_kt, m0, m_rows, n0 = work_at(it0 + i)
+        length = min(count - i, kt_count - first_kt)
+        for step in range(length):
+            j = i + prefetch
+            if j < count:  # the producer, ahead: the stage of iteration j - stages, released (i - 2 < i)
+                _, kt, jm0, jm_rows, jn0 = work_at(it0 + j)
+                copy_weights((j % stages) * stage, jn0, kt)
+                copy_x((j % stages) * stage, jm0, jm_rows, kt)
+            base = (i % stages) * stage
+            dequant_stage(base)
+            for wg in range(2):  # after full[i % stages]
+                for kk in range(BLOCK_K // 16):
+                    b = read_operand(smem, descriptor(base + x_offset + kk * 2 * CORE_LBO), bt, dtype)
+                    for e in range(slices):
+                        a_desc = descriptor(base + a_offset + (wg * slices + e) * 8 * CORE_SBO + kk * 2 * CORE_LBO)
+                        product = read_operand(smem, a_desc, 64, dtype) @ b.T
+                        d[wg, e] = d[wg, e] + product if step > 0 or kk > 0 else product  # scale-d
+            i += 1
+        last_kt = first_kt + length - 1
+        # the segment's end: the registers d[e][4v + q] of warp w4, lane (g, t) = D[16 w4 + g + 8 (q >> 1), 8v + 2t
+        # + (q & 1)], stored straight (a whole tile) or added into the workspace
+        whole = first_kt == 0 and last_kt == kt_count - 1
+        contributors = 1 if whole else owner((tile + 1) * kt_count - 1) - owner(tile * kt_count) + 1
+        for wg in range(2):
+            for e in range(slices):
+                ch = n0 + (wg * slices + e) * 64 + 16 * w4 + g
+                for v in range(bt // 8):
+                    for q in range(4):
+                        m, c = 8 * v + 2 * t + (q & 1), ch + (q >> 1) * 8
+                        value = d[wg, e, 16 * w4 + g + 8 * (q >> 1), m]
                         keep = m < m_rows
-                        ws[m[keep], c[keep]] += value[keep]
-                        continue
-                    if bias is not None:
-                        value = value + bias[n0 + c].float()
-                    smem.store16((m * (bn + 8) + c) * 2, _bits(value.to(dtype).repeat_interleave(2).reshape(-1, 2))[:, 0]
-                                 & 0xFFFF)
-    if split:
-        return smem.conflicts
-    threads = torch.arange(384)
-    for i0 in range(0, m_rows * (bn // 8), 384):
-        i = threads + i0
-        i = i[i < m_rows * (bn // 8)]
-        m, c = i // (bn // 8), i % (bn // 8)
-        words = smem.load((m * (bn + 8) + 8 * c) * 2, 4)
-        halves = torch.stack([words & 0xFFFF, words >> 16], dim=-1).reshape(-1, 8).to(torch.int16).view(dtype)
-        out[m[:, None], n0 + 8 * c[:, None] + torch.arange(8)] = halves
+                        rows_, cols_ = m0 + m[keep], c[keep]
+                        if contributors > 1:
+                            state.ws[rows_, cols_] += value[keep]
+                            continue
+                        if bias is not None:
+                            value = value + bias[c].float()
+                        state.out[rows_, cols_] = value[keep].to(dtype)
+                        state.writes[rows_, cols_] += 1
+        if contributors > 1:  # finish_split_k: the last contributor writes the tile and cleans up
+            state.counters[tile] += 1
+            if int(state.counters[tile]) == contributors:
+                block = (slice(m0, m0 + m_rows), slice(n0, n0 + bn))
+                v = state.ws[block] + (bias[n0:n0 + bn].float() if bias is not None else 0.0)
+                state.out[block] = v.to(dtype)
+                state.writes[block] += 1
+                state.ws[block] = 0
+                state.counters[tile] = 0
     return smem.conflicts
