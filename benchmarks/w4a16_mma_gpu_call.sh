@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The GPU calls for the mma.sync W4A16 kernels (issue 18), one step a call (each well inside the 10-minute limit):
-#   probe:  benchmarks/w4a16_mma_probe.py: the GEMV's and the GEMM's checks (any failure: exit 1, nothing timed),
+# The GPU calls for lmd's CUDA W4A16 kernels (issue 18: the mma.sync GEMV and GEMM, the wgmma GEMM), one step a call
+# (each well inside the 10-minute limit):
+#   probe:  benchmarks/w4a16_mma_probe.py: the three kernels' checks (any failure: exit 1, nothing timed),
 #           then µs per config beside today's plan and fp16 cuBLAS, M = 1..1024, on the Llama-2-7B int4 shapes
 #           (about 6 minutes on an H200);
 #   decode: int4 decode ms/token at batch 1 / 16 / 64, lmd alone, with today's plans and then with the kernels
