@@ -45,6 +45,47 @@ from lmd.turbomind.kernels.w4a16_wgmma import WgmmaConfig, wgmma_gemm  # noqa: E
 from lmd.turbomind.kernels.w4a16_wgmma import tuner_configs as wgmma_tuner_configs  # noqa: E402
 
 SHAPES = "12288x4096,4096x4096,22016x4096,4096x11008"
+GEMV_REPLAYED = MmaGemvConfig(8, 2, 1, False)
+GEMM_CHECKS = (MmaGemmConfig(2, 1, 16, 3, 1), MmaGemmConfig(2, 2, 32, 4, 4), MmaGemmConfig(1, 2, 64, 3, 1),
+               MmaGemmConfig(2, 2, 64, 2, 3), MmaGemmConfig(1, 8, 16, 4, 1), MmaGemmConfig(4, 2, 32, 3, 2, False),
+               MmaGemmConfig(2, 4, 64, 4, 1), MmaGemmConfig(2, 1, 16, 3, 4), MmaGemmConfig(2, 2, 32, 3, 1))
+WGMMA_CHECKS = (WgmmaConfig(128, 64, 3), WgmmaConfig(128, 128, 4, 2), WgmmaConfig(256, 128, 3, 0),
+                WgmmaConfig(128, 256, 4, 1, False), WgmmaConfig(256, 64, 3, 3), WgmmaConfig(128, 64, 6, 0),
+                WgmmaConfig(128, 64, 4, 0), WgmmaConfig(128, 128, 4, 3))
+
+
+def gemv_checks(m: int) -> list[MmaGemvConfig]:
+    """The GEMV configs checked at M rows: both token blocks up to 16 rows (the one of M's size where it matters),
+    the dequantizing 32-row block at any M."""
+    small = 8 if m <= 8 else 16
+    configs = [MmaGemvConfig(small, 4, 1, False), MmaGemvConfig(16, 2, 2, True), MmaGemvConfig(16, 8, 64, False),
+               MmaGemvConfig(small, 4, 2, True, False), MmaGemvConfig(32, 4, 1, False),
+               MmaGemvConfig(32, 2, 2, True, False), MmaGemvConfig(32, 8, 64, True)]
+    return [c for c in configs if m <= 16 or c.block_m == 32]
+
+
+def precompile(jobs: list[tuple[object, torch.dtype, int, object]]) -> float:
+    """Build every (kernel module, dtype, group, config) the probe will launch, on a thread pool (NVRTC takes ~1 s a
+    specialization; serially the builds alone would take minutes of the call). Returns the seconds it took."""
+    import contextlib
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lmd.turbomind.kernels import w4a16_mma_gemm, w4a16_mma_gemv, w4a16_wgmma
+    from lmd.turbomind.kernels.pdl import pdl_enabled
+
+    device = torch.cuda.current_device()
+    pdl = pdl_enabled(torch.device("cuda", device))
+    start = time.time()
+
+    def build(job) -> None:
+        kind, dtype, group, cfg = job
+        module = {"gemv": w4a16_mma_gemv, "gemm": w4a16_mma_gemm, "wgmma": w4a16_wgmma}[kind]
+        with contextlib.suppress(Exception):  # a failing build shows again, with its message, at its first launch
+            module._kernel(dtype, group, cfg, pdl, device)
+
+    with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
+        list(pool.map(build, list(dict.fromkeys(jobs))))
+    return time.time() - start
 
 
 def gemv_configs(m: int) -> list[MmaGemvConfig]:
@@ -129,16 +170,14 @@ def check_gemm(failures: list[str]) -> int:
                 x = torch.randn(m, k, device=dev, dtype=dtype)
                 ref = w4a16_matmul_reference(x.float(), qw, s, z)
                 twin = mma_gemm_reference(x, qw, s, z)
-                for cfg in (MmaGemmConfig(2, 1, 16, 3, 1), MmaGemmConfig(2, 2, 32, 4, 4), MmaGemmConfig(1, 2, 64, 3, 1),
-                            MmaGemmConfig(2, 2, 64, 2, 3), MmaGemmConfig(1, 8, 16, 4, 1),
-                            MmaGemmConfig(4, 2, 32, 3, 2, False), MmaGemmConfig(2, 4, 64, 4, 1)):
+                for cfg in GEMM_CHECKS[:7]:
                     if n % cfg.block_n:
                         continue
                     for b in (None, bias):
                         cases += 1
                         judge(failures, f"{cfg.name()} {dtype} n{n} k{k} g{group} m{m}",
                               mma_gemm(x, qw, s, z, b, cfg), ref, twin, b)
-            for cfg in (MmaGemmConfig(2, 1, 16, 3, 4), MmaGemmConfig(2, 2, 32, 3, 1)):
+            for cfg in GEMM_CHECKS[7:]:
                 if n % cfg.block_n == 0:
                     cases += 1
                     if not replays_repeat(lambda x, c=cfg, w=(qw, s, z): mma_gemm(x, *w, None, c),
@@ -162,15 +201,14 @@ def check_wgmma(failures: list[str]) -> int:
                 x = torch.randn(m, k, device=dev, dtype=dtype)
                 ref = w4a16_matmul_reference(x.float(), qw, s, z)
                 twin = mma_gemm_reference(x, qw, s, z)
-                for cfg in (WgmmaConfig(128, 64, 3), WgmmaConfig(128, 128, 4, 2), WgmmaConfig(256, 128, 3, 0),
-                            WgmmaConfig(128, 256, 4, 1, False), WgmmaConfig(256, 64, 3, 3), WgmmaConfig(128, 64, 6, 0)):
+                for cfg in WGMMA_CHECKS[:6]:
                     if n % cfg.block_n:
                         continue
                     for b in (None, bias):
                         cases += 1
                         judge(failures, f"{cfg.name()} {dtype} n{n} k{k} g{group} m{m}",
                               wgmma_gemm(x, qw, s, z, b, cfg), ref, twin, b)
-            for cfg in (WgmmaConfig(128, 64, 4, 0), WgmmaConfig(128, 128, 4, 3)):
+            for cfg in WGMMA_CHECKS[6:]:
                 cases += 1
                 if not replays_repeat(lambda x, c=cfg, w=(qw, s, z): wgmma_gemm(x, *w, None, c),
                                       torch.randn(77, k, device=dev, dtype=dtype)):
@@ -190,19 +228,13 @@ def check_gemv(failures: list[str]) -> int:
                 x = torch.randn(m, k, device=dev, dtype=dtype)
                 ref = w4a16_matmul_reference(x.float(), qw, s, z)
                 twin = mma_gemv_reference(x, qw, s, z)
-                small = 8 if m <= 8 else 16
-                for cfg in (MmaGemvConfig(small, 4, 1, False), MmaGemvConfig(16, 2, 2, True),
-                            MmaGemvConfig(16, 8, 64, False), MmaGemvConfig(small, 4, 2, True, False),
-                            MmaGemvConfig(32, 4, 1, False), MmaGemvConfig(32, 2, 2, True, False),
-                            MmaGemvConfig(32, 8, 64, True)):
-                    if m > 16 and cfg.block_m < 32:
-                        continue
+                for cfg in gemv_checks(m):
                     for b in (None, bias):
                         cases += 1
                         judge(failures, f"{cfg.name()} {dtype} n{n} k{k} g{group} m{m}",
                               mma_gemv(x, qw, s, z, b, cfg), ref, twin, b)
             cases += 1
-            if not replays_repeat(lambda x, w=(qw, s, z): mma_gemv(x, *w, None, MmaGemvConfig(8, 2, 1, False)),
+            if not replays_repeat(lambda x, w=(qw, s, z): mma_gemv(x, *w, None, GEMV_REPLAYED),
                                   torch.randn(3, k, device=dev, dtype=dtype)):
                 failures.append(f"graph replay differs mma-gemv {dtype} n{n} k{k}")
     return cases
@@ -279,6 +311,19 @@ def main() -> None:
     torch.manual_seed(0)
     props = torch.cuda.get_device_properties(0)
     print(f"{props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}", flush=True)
+    sm90 = torch.cuda.get_device_capability() == (9, 0)
+    jobs = [(kind, dtype, group, cfg) for dtype in (torch.float16, torch.bfloat16) for group in (32, 64, 128)
+            for kind, configs in (("gemv", [*gemv_checks(1), *gemv_checks(9), GEMV_REPLAYED]), ("gemm", GEMM_CHECKS),
+                                  ("wgmma", WGMMA_CHECKS if sm90 else ()))
+            for cfg in configs]
+    for shape in ([] if args.no_bench else args.shapes.split(",")):
+        n, k = (int(v) for v in shape.split("x"))
+        for m in (int(v) for v in args.ms.split(",")):
+            jobs += [("gemv", torch.float16, args.group, c) for c in (gemv_configs(m) if m <= MAX_ROWS else [])]
+            jobs += [("gemm", torch.float16, args.group, c) for c in (gemm_configs(m, n, k) if m >= 16 else [])]
+            jobs += [("wgmma", torch.float16, args.group, c) for c in (wgmma_configs(m, n, k) if m >= 64 and sm90
+                                                                        else [])]
+    print(f"built {len(set(jobs))} specializations in {precompile(jobs):.1f} s", flush=True)
     start = time.time()
     failures: list[str] = []
     cases = check_gemv(failures) + check_gemm(failures) + check_wgmma(failures)
