@@ -324,6 +324,16 @@ def main() -> None:
             jobs += [("wgmma", torch.float16, args.group, c) for c in (wgmma_configs(m, n, k) if m >= 64 and sm90
                                                                         else [])]
     print(f"built {len(set(jobs))} specializations in {precompile(jobs):.1f} s", flush=True)
+    if sm90:  # stream-K sizes its grid by the driver's occupancy: the small tile is built for two CTAs an SM
+        from lmd.turbomind.kernels import nvrtc, w4a16_wgmma
+        from lmd.turbomind.kernels.pdl import pdl_enabled
+
+        for cfg in (WgmmaConfig(128, 64, 3, 0), WgmmaConfig(128, 128, 4, 0)):
+            kernel = w4a16_wgmma._kernel(torch.float16, args.group, cfg, pdl_enabled(torch.device("cuda")),
+                                         torch.cuda.current_device())
+            resident = nvrtc.max_active_blocks(kernel, w4a16_wgmma.THREADS, w4a16_wgmma.shared_bytes(cfg, args.group))
+            print(f"{cfg.name()}: {resident} CTAs an SM (built for {w4a16_wgmma.ctas_per_sm(cfg, args.group)})",
+                  flush=True)
     start = time.time()
     failures: list[str] = []
     cases = check_gemv(failures) + check_gemm(failures) + check_wgmma(failures)

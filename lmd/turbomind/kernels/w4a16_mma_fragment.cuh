@@ -178,26 +178,26 @@ __device__ __forceinline__ u32 word(const U4& v, int i) { return i == 0 ? v.x : 
 __device__ __forceinline__ int channel(int e) { return e < 4 ? e : 28 + e; }  // word e's channel, from col
 
 // split-K (w4a16_epilogue's protocol): once each of an output tile's `contributors` has added its fp32 partials into
-// ws, the last one to bump the tile's counter writes the tile's M x cols outputs (+ bias) from the sum, zeroes the
-// workspace and resets the counter, so both are all-zero between launches. ws and out point at the tile's first row.
-// The `threads` taking part are numbered `thread` from 0 and meet at BARRIER: 0 is __syncthreads (the whole CTA),
-// else the named barrier of that id over `threads` threads.
+// its workspace tile, the last one to bump the tile's counter writes the M x cols outputs (+ bias[n0 ..]) from the
+// sum, zeroes the workspace tile and resets the counter, so both are all-zero between launches. ws and out point at
+// the tile's first element, rows ws_pitch and out_pitch elements apart. The `threads` taking part are numbered
+// `thread` from 0 and meet at BARRIER: 0 is __syncthreads (the whole CTA), else the named barrier of that id.
 template <int BARRIER>
-__device__ __forceinline__ void finish_split_k(float* ws, int* counters, int tile, u16* out, const u16* bias,
-                                               int has_bias, int M, int N, int n0, int cols, int contributors,
-                                               int thread, int threads) {
+__device__ __forceinline__ void finish_split_k(float* ws, int ws_pitch, int* counter, u16* out, int out_pitch,
+                                               const u16* bias, int has_bias, int n0, int M, int cols,
+                                               int contributors, int thread, int threads) {
     __shared__ int last_contributor;
     __threadfence();
     if (BARRIER == 0) __syncthreads(); else asm volatile("bar.sync %0, %1;" ::"n"(BARRIER), "r"(threads) : "memory");
-    if (thread == 0) last_contributor = atomicAdd(counters + tile, 1) == contributors - 1;
+    if (thread == 0) last_contributor = atomicAdd(counter, 1) == contributors - 1;
     if (BARRIER == 0) __syncthreads(); else asm volatile("bar.sync %0, %1;" ::"n"(BARRIER), "r"(threads) : "memory");
     if (!last_contributor) return;
     __threadfence();
     for (int i = thread; i < M * cols; i += threads) {
-        const int m = i / cols, n = n0 + i % cols;
-        float v = atomicExch(ws + (u64)m * N + n, 0.f);
-        if (has_bias) v += to_float(bias[n], 0);
-        out[(u64)m * N + n] = from_float(v);
+        const int m = i / cols, c = i % cols;
+        float v = atomicExch(ws + (u64)m * ws_pitch + c, 0.f);
+        if (has_bias) v += to_float(bias[n0 + c], 0);
+        out[(u64)m * out_pitch + c] = from_float(v);
     }
-    if (thread == 0) atomicExch(counters + tile, 0);
+    if (thread == 0) atomicExch(counter, 0);
 }

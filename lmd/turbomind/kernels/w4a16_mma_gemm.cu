@@ -213,5 +213,6 @@ w4a16_mma_gemm(const u16* __restrict__ x, const u32* __restrict__ qw, const u16*
         }
     }
     if (split)
-        finish_split_k<0>(ws, counters, tile, out, bias, has_bias, M, N, n0, BN, gridDim.z, threadIdx.x, THREADS);
+        finish_split_k<0>(ws + n0, N, counters + tile, out + n0, N, bias, has_bias, n0, M, BN, gridDim.z,
+                          threadIdx.x, THREADS);
 }

@@ -243,6 +243,6 @@ w4a16_mma_gemv(const u16* __restrict__ x, const u32* __restrict__ qw, const u16*
         }
     }
     if (split)
-        finish_split_k<0>(ws, counters, tile, out, bias, has_bias, M, N, blockIdx.y * 64, 64, gridDim.z, threadIdx.x,
-                          WARPS * 32);
+        finish_split_k<0>(ws + blockIdx.y * 64, N, counters + tile, out + blockIdx.y * 64, N, bias, has_bias,
+                          blockIdx.y * 64, M, 64, gridDim.z, threadIdx.x, WARPS * 32);
 }

@@ -166,7 +166,9 @@ __device__ __forceinline__ void dequant_stage(u32 stage, u32 scale_c2, u32 one, 
 // Stream-K: the CTAs split the tile-major sequence of (output tile, k tile) iterations evenly, CTA c taking
 // [c I / G, (c + 1) I / G) of I = tiles x k tiles; tile t = token tile t % tiles_m, channel block t / tiles_m. A tile
 // one CTA covers whole is written straight from the accumulators; the CTAs that share a tile add fp32 partials
-// into the split-K workspace and the last of them writes it (finish_split_k).
+// into a [BT][BN] workspace slot and the last of them writes it (finish_split_k). The slot: the tile itself where
+// G >= tiles, else the first CTA that touches it, owner(t KT) < G (a shared tile holds the last iteration of its
+// first owner, so no two shared tiles have the same one): the workspace is min(G, tiles) slots, whatever M is.
 struct Work {
     int tile, kt, m0, M, n0;  // output tile, k tile, its first token row and rows, its first channel
 };
@@ -258,6 +260,7 @@ w4a16_wgmma(const u16* __restrict__ x, const u32* __restrict__ qw, const u16* __
     float d[SLICES][BT / 2];
     // the accumulators are touched by wgmma alone inside a segment (its first MMA overwrites them: scale-d 0), so
     // that ptxas keeps one group in flight; the epilogue reads them after the segment's last wait
+    bool previous_released = true;  // iteration i - 1's stage handed back to the producer (none before i = 0)
     for (int i = 0; i < count;) {
         const Work w = work_at(it0 + i, KT, tiles_m, rows);
         const int first_kt = w.kt, length = count - i < KT - w.kt ? count - i : KT - w.kt;
@@ -276,12 +279,15 @@ w4a16_wgmma(const u16* __restrict__ x, const u32* __restrict__ qw, const u16* __
                                matrix_descriptor(stage + A_OFFSET + (slice0 + e) * 8 * CORE_SBO + kk * 2 * CORE_LBO),
                                matrix_descriptor(stage + X_OFFSET + kk * 2 * CORE_LBO), step > 0 || kk > 0);
             wgmma_commit();
-            wgmma_wait<1>();  // iteration i - 1's group is done: its stage goes back to the producer
+            wgmma_wait<1>();  // iteration i - 1's group is done: its stage goes back to the producer, if not yet
 #pragma unroll
             for (int e = 0; e < SLICES; ++e) fence_operands(d[e]);
-            if (i > 0 && threadIdx.x % 128 == 0) barrier_arrive(empty + 8 * ((i - 1) % STAGES));
+            if (!previous_released && threadIdx.x % 128 == 0) barrier_arrive(empty + 8 * ((i - 1) % STAGES));
+            previous_released = false;
         }
-        wgmma_wait<0>();
+        wgmma_wait<0>();  // the segment's last stage goes back now, before the epilogue
+        if (threadIdx.x % 128 == 0) barrier_arrive(empty + 8 * ((i - 1) % STAGES));
+        previous_released = true;
 #pragma unroll
         for (int e = 0; e < SLICES; ++e) fence_operands(d[e]);
 
@@ -290,33 +296,32 @@ w4a16_wgmma(const u16* __restrict__ x, const u32* __restrict__ qw, const u16* __
         const int last_kt = first_kt + length - 1;
         const int contributors = first_kt == 0 && last_kt == KT - 1
             ? 1 : owner((long long)(w.tile + 1) * KT - 1, total) - owner((long long)w.tile * KT, total) + 1;
-        u16* tile_out = out + (u64)w.m0 * N;
-        float* tile_ws = ws + (u64)w.m0 * N;
+        u16* tile_out = out + (u64)w.m0 * N + w.n0;
+        const int slot = (long long)gridDim.x >= total / KT ? w.tile : owner((long long)w.tile * KT, total);
+        float* tile_ws = ws + (u64)slot * BT * BN;
 #pragma unroll
         for (int e = 0; e < SLICES; ++e) {
-            const int ch = w.n0 + (slice0 + e) * 64 + 16 * w4 + g;
+            const int ch = (slice0 + e) * 64 + 16 * w4 + g;  // within the tile
             float b_lo = 0.f, b_hi = 0.f;
             if (has_bias && contributors == 1) {
-                b_lo = to_float(bias[ch], 0);
-                b_hi = to_float(bias[ch + 8], 0);
+                b_lo = to_float(bias[w.n0 + ch], 0);
+                b_hi = to_float(bias[w.n0 + ch + 8], 0);
             }
-            const u64 at = (u64)(2 * t) * N + ch;  // token 2t, channel ch; then 8 tokens a v (one pointer to carry)
 #pragma unroll
             for (int v = 0; v < BT / 8; ++v) {
-                const u64 row = at + (u64)(8 * v) * N;
 #pragma unroll
                 for (int q = 0; q < 4; ++q) {
-                    if (8 * v + 2 * t + (q & 1) >= w.M) continue;
-                    const u64 i_out = row + (q & 1) * N + (q >> 1) * 8;
+                    const int m = 8 * v + 2 * t + (q & 1), c = ch + (q >> 1) * 8;
+                    if (m >= w.M) continue;
                     if (contributors == 1)
-                        tile_out[i_out] = from_float(d[e][4 * v + q] + (q >> 1 ? b_hi : b_lo));
+                        tile_out[(u64)m * N + c] = from_float(d[e][4 * v + q] + (q >> 1 ? b_hi : b_lo));
                     else
-                        atomicAdd(tile_ws + i_out, d[e][4 * v + q]);
+                        atomicAdd(tile_ws + m * BN + c, d[e][4 * v + q]);
                 }
             }
         }
         if (contributors > 1)
-            finish_split_k<2>(tile_ws, counters, w.tile, tile_out, bias, has_bias, w.M, N, w.n0, BN, contributors,
+            finish_split_k<2>(tile_ws, BN, counters + slot, tile_out, N, bias, has_bias, w.n0, w.M, BN, contributors,
                               threadIdx.x - 128, 256);
     }
 }

@@ -190,6 +190,8 @@ def wgmma_gemm(x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
         resident = sms * max(1, nvrtc.max_active_blocks(kernel, THREADS, shared_bytes(cfg, group)))
         return grid_size(cfg, m, n, k, resident), 1, 1
 
-    # every launch may add partials (a tile G does not divide evenly): the counters are kept for all tiles
+    # one CTA a tile adds no partials; else up to min(G, tiles) workspace slots of block_t x block_n (the .cu)
+    slots = 0 if cfg.split == 1 else min(tiles, tiles * cfg.split if cfg.split else sms * 2)
     return launch_w4a16(lambda pdl, device: _kernel(x2d.dtype, group, cfg, pdl, device), x2d, qweight, scales, zeros,
-                        bias, grid, [], tiles, THREADS, shared_bytes(cfg, group))
+                        bias, grid, [], slots, THREADS, shared_bytes(cfg, group),
+                        slots * cfg.block_t * cfg.block_n)

@@ -65,7 +65,8 @@ def test_the_emulation_reads_the_layout_the_source_uses() -> None:
                  "(((it + 1) * gridDim.x - 1) / total)", "first_kt == 0 && last_kt == KT - 1",
                  "count - i < KT - w.kt ? count - i : KT - w.kt", "step > 0 || kk > 0",
                  "blockIdx.x * total / gridDim.x",
-                 "(w.tile % tiles_m) * BT", "(w.tile / tiles_m) * BN",
+                 "(w.tile % tiles_m) * BT", "(w.tile / tiles_m) * BN", "tile_ws + m * BN + c",
+                 "(long long)gridDim.x >= total / KT ? w.tile : owner((long long)w.tile * KT, total)",
                  "barrier_init(empty + 8 * s, 2)", "((j / STAGES) & 1) ^ 1", "(i / STAGES) & 1", "wgmma_wait<1>()",
                  "#define PREFETCH (STAGES - 2)"):
         assert text in kernel.SOURCE, text

@@ -53,8 +53,9 @@ def run(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: tor
     n = qweight.shape[1]
     tiles, total = iterations(cfg, rows, n, k)
     ctas = grid_size(cfg, rows, n, k, resident)
+    slots = min(tiles, ctas)  # the workspace slots the source indexes (the tile, or the tile's first owner)
     state = Outputs(torch.full((rows, n), float("nan"), dtype=x.dtype), torch.zeros(rows, n, dtype=torch.int64),
-                    torch.zeros(rows, n), torch.zeros(tiles, dtype=torch.int64))
+                    torch.zeros(slots, cfg.block_t, cfg.block_n), torch.zeros(slots, dtype=torch.int64))
     conflicts = 0
     for c in range(ctas):
         it0 = c * total // ctas
@@ -68,8 +69,8 @@ def run(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: tor
 class Outputs:
     out: torch.Tensor
     writes: torch.Tensor  # times each output element was written
-    ws: torch.Tensor  # the split-K workspace (fp32, M x N)
-    counters: torch.Tensor  # one a tile
+    ws: torch.Tensor  # the split-K workspace: slots of [block_t, block_n] fp32
+    counters: torch.Tensor  # one a slot
 
 
 def _cta(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
@@ -176,6 +177,7 @@ def _cta(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: to
         # + (q & 1)], stored straight (a whole tile) or added into the workspace
         whole = first_kt == 0 and last_kt == kt_count - 1
         contributors = 1 if whole else owner((tile + 1) * kt_count - 1) - owner(tile * kt_count) + 1
+        slot = tile if ctas >= total // kt_count else owner(tile * kt_count)
         for wg in range(2):
             for e in range(slices):
                 ch = n0 + (wg * slices + e) * 64 + 16 * w4 + g
@@ -186,19 +188,19 @@ def _cta(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: to
                         keep = m < m_rows
                         rows_, cols_ = m0 + m[keep], c[keep]
                         if contributors > 1:
-                            state.ws[rows_, cols_] += value[keep]
+                            state.ws[slot, m[keep], (c - n0)[keep]] += value[keep]
                             continue
                         if bias is not None:
                             value = value + bias[c].float()
                         state.out[rows_, cols_] = value[keep].to(dtype)
                         state.writes[rows_, cols_] += 1
-        if contributors > 1:  # finish_split_k: the last contributor writes the tile and cleans up
-            state.counters[tile] += 1
-            if int(state.counters[tile]) == contributors:
+        if contributors > 1:  # finish_split_k: the last contributor writes the tile and cleans up its slot
+            state.counters[slot] += 1
+            if int(state.counters[slot]) == contributors:
                 block = (slice(m0, m0 + m_rows), slice(n0, n0 + bn))
-                v = state.ws[block] + (bias[n0:n0 + bn].float() if bias is not None else 0.0)
+                v = state.ws[slot, :m_rows] + (bias[n0:n0 + bn].float() if bias is not None else 0.0)
                 state.out[block] = v.to(dtype)
                 state.writes[block] += 1
-                state.ws[block] = 0
-                state.counters[tile] = 0
+                state.ws[slot] = 0
+                state.counters[slot] = 0
     return smem.conflicts
