@@ -54,6 +54,19 @@ WGMMA_CHECKS = (WgmmaConfig(128, 64, 3), WgmmaConfig(128, 128, 4, 2), WgmmaConfi
                 WgmmaConfig(128, 64, 4, 0), WgmmaConfig(128, 128, 4, 3))
 
 
+def progress(kernel: str, dtype: torch.dtype, n: int, k: int, group: int) -> None:
+    """A line as each check shape starts (the output of a call that hangs ends at the kernel and shape that did),
+    and a Python traceback of every thread if nothing moves for 3 minutes."""
+    import faulthandler
+
+    torch.cuda.synchronize()
+    print(f"  checking {kernel} {str(dtype)[6:]} n{n} k{k} g{group} at {time.time() - STARTED:.0f} s", flush=True)
+    faulthandler.dump_traceback_later(180, exit=False)
+
+
+STARTED = time.time()
+
+
 def gemv_checks(m: int) -> list[MmaGemvConfig]:
     """The GEMV configs checked at M rows: both token blocks up to 16 rows (the one of M's size where it matters),
     the dequantizing 32-row block at any M."""
@@ -163,6 +176,7 @@ def check_gemm(failures: list[str]) -> int:
     cases = 0
     for dtype in (torch.float16, torch.bfloat16):
         for n, k, group in ((256, 1024, 128), (128, 512, 64), (256, 768, 32), (4096, 4096, 128), (512, 11008, 128)):
+            progress("gemm", dtype, n, k, group)
             w = torch.randn(n, k, device=dev) * 0.02
             qw, s, z = quantize_to_engine(w, group, dtype)
             bias = torch.randn(n, device=dev, dtype=dtype)
@@ -194,6 +208,7 @@ def check_wgmma(failures: list[str]) -> int:
     cases = 0
     for dtype in (torch.float16, torch.bfloat16):
         for n, k, group in ((256, 1024, 128), (128, 512, 64), (256, 768, 32), (4096, 4096, 128), (512, 11008, 128)):
+            progress("wgmma", dtype, n, k, group)
             w = torch.randn(n, k, device=dev) * 0.02
             qw, s, z = quantize_to_engine(w, group, dtype)
             bias = torch.randn(n, device=dev, dtype=dtype)
@@ -221,6 +236,7 @@ def check_gemv(failures: list[str]) -> int:
     cases = 0
     for dtype in (torch.float16, torch.bfloat16):
         for n, k, group in ((256, 1024, 128), (128, 512, 64), (192, 768, 32), (4096, 4096, 128), (64, 11008, 128)):
+            progress("gemv", dtype, n, k, group)
             w = torch.randn(n, k, device=dev) * 0.02
             qw, s, z = quantize_to_engine(w, group, dtype)
             bias = torch.randn(n, device=dev, dtype=dtype)
