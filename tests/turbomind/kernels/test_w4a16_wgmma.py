@@ -68,6 +68,9 @@ def test_the_emulation_reads_the_layout_the_source_uses() -> None:
                  "(w.tile % tiles_m) * BT", "(w.tile / tiles_m) * BN", "tile_ws + m * BN + c",
                  "(long long)gridDim.x >= total / KT ? w.tile : owner((long long)w.tile * KT, total)",
                  "barrier_init(empty + 8 * s, 2)", "((j / STAGES) & 1) ^ 1", "(i / STAGES) & 1", "wgmma_wait<1>()",
+                 "if (!previous_released && threadIdx.x % 128 == 0) barrier_arrive(empty + 8 * ((i - 1) % STAGES));",
+                 "if (threadIdx.x % 128 == 0) barrier_arrive(empty + 8 * ((i - 1) % STAGES));\n"
+                 "        previous_released = true;",
                  "#define PREFETCH (STAGES - 2)"):
         assert text in kernel.SOURCE, text
 

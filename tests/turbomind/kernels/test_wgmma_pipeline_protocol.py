@@ -1,0 +1,192 @@
+"""The wgmma GEMM's producer/consumer protocol (`w4a16_wgmma.cu`) as a model, run under random schedules: the
+producer warpgroup and the two consumer warpgroups as coroutines that block where the source waits, mbarriers with
+the hardware's parity rule (try_wait.parity(p) passes once the phase of parity p is over, i.e. while the count of
+completed phases has the other parity), and wgmma reads that stay in flight until a wait retires their group.
+
+Checked for every schedule: no deadlock; the producer never writes a stage (copies or its dequantized A tile) while
+a consumer's wgmma group may still read it; a consumer's wgmma reads the stage of the iteration it computes, fully
+written. The waits and arrivals use the source's own formulas (quoted beside them), so a change there that breaks
+the protocol breaks this test; `test_w4a16_wgmma` checks that the source still says them."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Generator
+from dataclasses import dataclass, field
+
+import pytest
+
+
+@dataclass
+class Barrier:
+    expected: int  # arrivals that complete a phase
+    arrived: int = 0
+    completed: int = 0  # phases completed so far
+
+    def arrive(self) -> None:
+        self.arrived += 1
+        assert self.arrived <= self.expected
+        if self.arrived == self.expected:
+            self.arrived, self.completed = 0, self.completed + 1
+
+    def passes(self, parity: int) -> bool:  # mbarrier.try_wait.parity
+        return self.completed % 2 != parity
+
+
+@dataclass
+class Stage:
+    iteration: int = -1  # whose data it holds
+    complete: bool = False  # copies landed and A dequantized
+    readers: set[tuple[int, int]] = field(default_factory=set)  # (consumer, iteration) of wgmma groups in flight
+
+
+def producer(stages: list[Stage], full: list[Barrier], empty: list[Barrier], count: int, n_stages: int
+             ) -> Generator[object, None, None]:
+    prefetch = n_stages - 2  # PREFETCH
+
+    def write(s: int, it: int) -> None:
+        assert not stages[s].readers, f"stage {s} overwritten under wgmma reads {stages[s].readers}"
+        stages[s].iteration, stages[s].complete = it, False
+
+    for j in range(min(prefetch, count)):  # the prologue's copies
+        write(j, j)
+        yield
+    for i in range(count):
+        j = i + prefetch
+        if j < count:
+            sj = j % n_stages
+            if j >= n_stages:  # barrier_wait(empty + 8 * sj, ((j / STAGES) & 1) ^ 1)
+                while not empty[sj].passes(((j // n_stages) & 1) ^ 1):
+                    yield "blocked"
+            write(sj, j)
+        yield
+        s = i % n_stages  # wait_stages<PREFETCH>, producers_sync: tile i's copies landed; dequant_stage; fence
+        assert stages[s].iteration == i and not stages[s].readers
+        stages[s].complete = True
+        yield
+        full[s].arrive()  # barrier_arrive(full + 8 * s)
+
+
+def consumer(me: int, stages: list[Stage], full: list[Barrier], empty: list[Barrier], segments: list[int],
+             n_stages: int, arrives: bool) -> Generator[object, None, None]:
+    in_flight: list[int] = []  # iterations of the wgmma groups not yet retired, oldest first
+
+    def retire(keep: int) -> None:  # wgmma_wait<keep>
+        while len(in_flight) > keep:
+            it = in_flight.pop(0)
+            stages[it % n_stages].readers.discard((me, it))
+
+    i = 0
+    previous_released = True
+    for length in segments:
+        for _step in range(length):
+            s = i % n_stages
+            while not full[s].passes((i // n_stages) & 1):  # barrier_wait(full + 8 * s, (i / STAGES) & 1)
+                yield "blocked"
+            assert stages[s].iteration == i and stages[s].complete, f"consumer {me} reads stage {s} for {i} early"
+            stages[s].readers.add((me, i))
+            in_flight.append(i)
+            yield
+            retire(1)  # wgmma_wait<1>: iteration i - 1's group is done
+            if not previous_released and arrives:
+                empty[(i - 1) % n_stages].arrive()
+            previous_released = False
+            i += 1
+            yield
+        retire(0)  # the segment's end: its last stage goes back before the epilogue
+        if arrives:
+            empty[(i - 1) % n_stages].arrive()
+        previous_released = True
+        yield
+
+
+def run(n_stages: int, segments: list[int], seed: int, arrives: bool = True) -> None:
+    count = sum(segments)
+    stages = [Stage() for _ in range(n_stages)]
+    full = [Barrier(1) for _ in range(n_stages)]
+    empty = [Barrier(2) for _ in range(n_stages)]
+    # both consumers arrive (one thread of each warpgroup): the empty barriers expect 2
+    actors = [producer(stages, full, empty, count, n_stages),
+              consumer(0, stages, full, empty, segments, n_stages, arrives),
+              consumer(1, stages, full, empty, segments, n_stages, arrives)]
+    rng = random.Random(seed)
+    live = list(actors)
+    stalled = 0
+    while live:
+        actor = rng.choice(live)
+        try:
+            state = next(actor)
+        except StopIteration:
+            live.remove(actor)
+            stalled = 0
+            continue
+        stalled = stalled + 1 if state == "blocked" else 0
+        assert stalled < 10_000, "deadlock: every actor is waiting"
+
+
+@pytest.mark.parametrize("n_stages", [3, 4, 6])
+def test_random_schedules_keep_the_protocol(n_stages: int) -> None:
+    rng = random.Random(n_stages)
+    for seed in range(150):
+        count = rng.randint(1, 3 * n_stages + 5)
+        segments = []
+        left = count
+        while left:  # stream-K segments: runs of one tile's k tiles, the first and last possibly short
+            segments.append(rng.randint(1, left))
+            left -= segments[-1]
+        run(n_stages, segments, seed)
+
+
+def test_the_model_sees_a_deadlock() -> None:
+    """Consumers that never hand a stage back stall the producer at its first refill, and it is reported."""
+    with pytest.raises(AssertionError, match="deadlock"):
+        run(3, [12], 0, arrives=False)
+
+
+def test_the_model_catches_a_release_before_the_reads_are_over(monkeypatch) -> None:
+    """A consumer that releases a stage while its wgmma may still read it (no wait before the arrive) is caught."""
+
+    def hasty(me, stages, full, empty, segments, n_stages, arrives):
+        i = 0
+        for length in segments:
+            for _ in range(length):
+                s = i % n_stages
+                while not full[s].passes((i // n_stages) & 1):
+                    yield "blocked"
+                stages[s].readers.add((me, i))  # issued, never retired before the release
+                empty[s].arrive()
+                i += 1
+                yield
+
+    monkeypatch.setitem(globals(), "consumer", hasty)
+    with pytest.raises(AssertionError, match="overwritten under wgmma reads"):
+        for seed in range(50):
+            run(3, [12], seed)
+
+
+def test_the_model_catches_a_wrong_parity(monkeypatch) -> None:
+    """Waiting on `empty` with the parity of the phase before (no ^ 1) lets the producer refill a stage too early."""
+
+    def eager(stages, full, empty, count, n_stages):
+        prefetch = n_stages - 2
+        for j in range(min(prefetch, count)):
+            stages[j].iteration, stages[j].complete = j, False
+            yield
+        for i in range(count):
+            j = i + prefetch
+            if j < count:
+                sj = j % n_stages
+                if j >= n_stages:
+                    while not empty[sj].passes((j // n_stages) & 1):
+                        yield "blocked"
+                assert not stages[sj].readers, f"stage {sj} overwritten under wgmma reads {stages[sj].readers}"
+                stages[sj].iteration, stages[sj].complete = j, False
+            yield
+            stages[i % n_stages].complete = True
+            yield
+            full[i % n_stages].arrive()
+
+    monkeypatch.setitem(globals(), "producer", eager)
+    with pytest.raises(AssertionError):
+        for seed in range(50):
+            run(3, [5, 7], seed)
