@@ -1,9 +1,9 @@
 // W4A16 GEMM on Hopper's warpgroup MMA (wgmma, sm_90a) with the int4 decode overlapped: a producer warpgroup
 // copies packed words, scales, zeros and x into shared memory and dequantizes each k tile into an fp16/bf16 A tile,
-// two consumer warpgroups run wgmma on it. Design and invariants: w4a16_wgmma.py. Compiled at run time by NVRTC
-// after the defines kernel_source() prepends (BF16, WORD_DECODE, BN, BT, STAGES, GROUP, PDL, and WGMMA_ASM, the
-// wgmma statement for n = BT), w4a16_mma_fragment.cuh and cuda_pipeline.cuh; tests/turbomind/kernels/wgmma_lanes.py
-// emulates it.
+// two consumer warpgroups run wgmma on it; stream-K over the CTAs. Design and invariants: w4a16_wgmma.py. Compiled
+// at run time by NVRTC after the defines kernel_source() prepends (BF16, WORD_DECODE, BN, BT, STAGES, GROUP, PDL,
+// CTAS_PER_SM), w4a16_mma_fragment.cuh, cuda_pipeline.cuh and wgmma_tile (the wgmma statement for n = BT);
+// tests/turbomind/kernels/wgmma_lanes.py emulates it, test_wgmma_pipeline_protocol.py models its barriers.
 
 #define THREADS 384               // warpgroup 0: producer; 1, 2: consumers
 #define BK 64                     // k of one stage
