@@ -17,19 +17,21 @@ The producer refills a stage only after empty says both consumers' reads of its 
 dequantizes tile i while the consumers' wgmma of tile i - 1 runs. Work is scheduled stream-K: the grid's G CTAs
 split the tile-major sequence of (output tile, k tile) iterations evenly, so no wave is ragged however the tiles
 fall on the SMs (the N = 4096 shapes, or 172 tiles on 132 SMs); the pipeline runs on across tile boundaries. A tile
-one CTA covers whole leaves straight from the accumulators; the CTAs that share one add fp32 partials into the
-self-cleaning split-K workspace (`w4a16_epilogue`) and the last of them writes it. `split` sets G: one CTA a tile
-(1), that many a tile (2, 3, ...), or as many as the SMs hold at once (0, "stream").
+one CTA covers whole leaves straight from the accumulators; the CTAs that share one add fp32 partials into a slot
+of the self-cleaning split-K workspace (`w4a16_epilogue`; min(G, tiles) slots of BT x BN) and the last of them
+writes it. `split` sets G: one CTA a tile (1), that many a tile (2, 3, ...), or as many as the SMs hold at once
+(0, "stream").
 
 x and A sit in wgmma's canonical K-major layout without swizzle: 8 x 8 core matrices of 128 contiguous bytes, core
 (row / 8, k / 8) at (row / 8) 1024 + (k / 8) 128, so a cp.async chunk or a dequantized word is one 16-byte row of a
-core matrix and 8 neighbouring threads fill one.
-Accumulators: BT / 2 fp32 a thread per slice (a consumer holds BN / 128 slices).
+core matrix and 8 neighbouring threads fill one. Accumulators: BT / 2 fp32 a thread per slice (a consumer holds
+BN / 128 slices); setmaxnreg gives the consumers most of the registers.
 
 The PyTorch twin is the mma.sync GEMM's (`mma_gemm_reference`: the same decode and dequant rounding); CI runs a
 lane-level emulation (tests/turbomind/kernels/wgmma_lanes.py: copies, decode and stores at their shared addresses,
 the descriptors read through the canonical layout, the register layout of D, the stream-K segments and the
-workspace left clean) and compiles it for sm_90a.
+workspace left clean), runs its barrier protocol as a model under random schedules
+(test_wgmma_pipeline_protocol.py) and compiles it for sm_90a.
 """
 
 from __future__ import annotations
