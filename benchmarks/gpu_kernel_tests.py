@@ -81,6 +81,7 @@ def paths_for(m: int) -> list:
         plans.append(WgmmaConfig(128, 64, 4, 0))
         plans.append(WgmmaConfig(128, 128, 4))
         plans.append(WgmmaConfig(256, 128, 3, 1, False))
+        plans.append(WgmmaConfig(128, 128, 6, 0, rs=True))
     return plans
 
 

@@ -51,7 +51,9 @@ GEMM_CHECKS = (MmaGemmConfig(2, 1, 16, 3, 1), MmaGemmConfig(2, 2, 32, 4, 4), Mma
                MmaGemmConfig(2, 4, 64, 4, 1), MmaGemmConfig(2, 1, 16, 3, 4), MmaGemmConfig(2, 2, 32, 3, 1))
 WGMMA_CHECKS = (WgmmaConfig(128, 64, 3), WgmmaConfig(128, 128, 4, 2), WgmmaConfig(256, 128, 3, 0),
                 WgmmaConfig(128, 256, 4, 1, False), WgmmaConfig(256, 64, 3, 3), WgmmaConfig(128, 64, 6, 0),
-                WgmmaConfig(128, 64, 4, 0), WgmmaConfig(128, 128, 4, 3))
+                WgmmaConfig(128, 128, 6, 0, rs=True), WgmmaConfig(256, 128, 4, 1, rs=True),
+                WgmmaConfig(128, 64, 6, 2, rs=True),
+                WgmmaConfig(128, 64, 4, 0), WgmmaConfig(128, 128, 4, 3), WgmmaConfig(128, 128, 6, 0, rs=True))
 
 
 def progress(kernel: str, dtype: torch.dtype, n: int, k: int, group: int) -> None:
@@ -123,7 +125,7 @@ def wgmma_configs(m: int, n: int, k: int) -> list[WgmmaConfig]:
     """The tuner's configs for M's bucket (one CTA a tile and stream-K), and 2 or 3 CTAs a tile."""
     bucket = min(1 << max(m - 1, 0).bit_length(), 4096)
     tuned = wgmma_tuner_configs(bucket, n, k, 128)
-    more = [WgmmaConfig(c.block_n, c.block_t, c.stages, split) for c in tuned for split in (2, 3)]
+    more = [WgmmaConfig(c.block_n, c.block_t, c.stages, split, rs=c.rs) for c in tuned for split in (2, 3)]
     return list(dict.fromkeys(tuned + more))
 
 
@@ -216,14 +218,14 @@ def check_wgmma(failures: list[str]) -> int:
                 x = torch.randn(m, k, device=dev, dtype=dtype)
                 ref = w4a16_matmul_reference(x.float(), qw, s, z)
                 twin = mma_gemm_reference(x, qw, s, z)
-                for cfg in WGMMA_CHECKS[:6]:
+                for cfg in WGMMA_CHECKS[:9]:
                     if n % cfg.block_n:
                         continue
                     for b in (None, bias):
                         cases += 1
                         judge(failures, f"{cfg.name()} {dtype} n{n} k{k} g{group} m{m}",
                               wgmma_gemm(x, qw, s, z, b, cfg), ref, twin, b)
-            for cfg in WGMMA_CHECKS[6:]:
+            for cfg in WGMMA_CHECKS[9:]:
                 cases += 1
                 if not replays_repeat(lambda x, c=cfg, w=(qw, s, z): wgmma_gemm(x, *w, None, c),
                                       torch.randn(77, k, device=dev, dtype=dtype)):

@@ -30,7 +30,11 @@
 #define SC_BYTES (SROWS * BN * 2) // the scales; the zeros follow
 #define X_OFFSET (RAW_BYTES + 2 * SC_BYTES)
 #define A_OFFSET (X_OFFSET + BT * BK * 2)
+#if RS
+#define STAGE_BYTES A_OFFSET      // RS: the consumers dequantize into registers, no A tile in shared memory
+#else
 #define STAGE_BYTES (A_OFFSET + BN * BK * 2)
+#endif
 
 __device__ __forceinline__ u32 core_offset(int row, int k8) {  // k8: the 8-wide k chunk within the stage
     return (row >> 3) * CORE_SBO + k8 * CORE_LBO + (row & 7) * 16;
@@ -88,6 +92,19 @@ __device__ __forceinline__ void wgmma_wait() {
 // wgmma_tile(d, a, b, accumulate): d (64 channels x BT tokens, fp32, the thread's BT / 2 values) = A (64 x 16,
 // descriptor a) B (16 x BT, descriptor b) (+ d if accumulate); its text, one asm statement with BT / 2 operands,
 // comes with the defines
+
+// RS: nibbles (2t, 2t + 1) of word q (byte t: k 2t, 2t + 1 of the word's 8) as halves in k order, dequantized:
+// PRMT puts byte t of q in the low half and byte t of q >> 4 in the high one, LOP3 keeps each half's low nibble over
+// MAGIC (1024 in fp16, 128 in bf16: c exact), then (v - MAGIC) s + z, rounded once as the other kernels round
+#if BF16
+#define MAGIC2 0x43004300u
+#else
+#define MAGIC2 0x64006400u
+#endif
+__device__ __forceinline__ u32 natural_pair(u32 q, u32 select, u32 s2, u32 z2) {
+    const u32 v = prmt(q, q >> 4, select);
+    return dequant(and_or<0x000F000Fu>(v, MAGIC2), MAGIC2, s2, z2);
+}
 
 // the accumulators as the compiler must see them: written by the asynchronous wgmma, read only after its wait
 __device__ __forceinline__ void fence_operands(float* d) {
@@ -225,8 +242,10 @@ w4a16_wgmma(const u16* __restrict__ x, const u32* __restrict__ qw, const u16* __
             }
             commit();
         }
+#if !RS
         const u32 one = opaque(ONE2), sixteen = opaque(0x4C004C00u), offset_a = WORD_DECODE ? sixteen : one;
         const u32 scale_c2 = SCALE_C2;  // C s: finite while |s| < 1024
+#endif
         for (int i = 0; i < count; ++i) {
             const int j = i + PREFETCH;
             if (j < count) {
@@ -240,7 +259,9 @@ w4a16_wgmma(const u16* __restrict__ x, const u32* __restrict__ qw, const u16* __
             wait_stages<PREFETCH>();  // this thread's copies of iteration i have landed...
             producers_sync();  // ... and every producer's
             const int s = i % STAGES;
+#if !RS
             dequant_stage(base + s * STAGE_BYTES, scale_c2, one, sixteen, offset_a);
+#endif
             fence_async_proxy();  // this thread's A rows and x copies, before the consumers' wgmma reads
             producers_sync();
             if (threadIdx.x == 0) barrier_arrive(full + 8 * s);
@@ -257,6 +278,9 @@ w4a16_wgmma(const u16* __restrict__ x, const u32* __restrict__ qw, const u16* __
 #endif
     const int slice0 = (warpgroup - 1) * SLICES;
     const int lane = threadIdx.x & 31, w4 = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
+#if RS
+    const u32 pair_select = t | (t << 4) | ((4 + t) << 8) | ((4 + t) << 12);  // natural_pair's PRMT: byte t, twice
+#endif
     float d[SLICES][BT / 2];
     // the accumulators are touched by wgmma alone inside a segment (its first MMA overwrites them: scale-d 0), so
     // that ptxas keeps one group in flight; the epilogue reads them after the segment's last wait
@@ -268,6 +292,49 @@ w4a16_wgmma(const u16* __restrict__ x, const u32* __restrict__ qw, const u16* __
             const int s = i % STAGES;
             const u32 stage = base + s * STAGE_BYTES;
             barrier_wait(full + 8 * s, (i / STAGES) & 1);
+#if RS
+            // A from registers: every k16 step's fragments decoded by this warp from the stage's raw words, into
+            // one of two register sets (the wgmma of the step before may still read the other)
+            u32 cs2[SLICES][2], z2[SLICES][2], a[2][SLICES][4];
+#pragma unroll
+            for (int kk = 0; kk < BK / 16; ++kk) {
+#pragma unroll
+                for (int e = 0; e < SLICES; ++e) {
+                    const int n = (slice0 + e) * 64 + 16 * w4 + g;  // fragment rows g and g + 8
+                    if (kk == 0 || (SROWS == 2 && kk == 2)) {  // the group row of k 16 kk
+                        const u32 at = stage + RAW_BYTES + (kk / 2) % SROWS * BN * 2 + n * 2;
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) {
+                            const u32 sc = lds16(at + 16 * h), z = lds16(at + SC_BYTES + 16 * h);
+                            cs2[e][h] = sc | (sc << 16);
+                            z2[e][h] = z | (z << 16);
+                        }
+                    }
+                    // a0: row g, k 2t, 2t + 1 (word row 2 kk); a1: row g + 8; a2, a3: k 2t + 8, 2t + 9 (row 2 kk + 1)
+#pragma unroll
+                    for (int r = 0; r < 4; ++r) {
+                        const u32 q = lds32(stage + (2 * kk + (r >> 1)) * BN * 4 + (n + 8 * (r & 1)) * 4);
+                        a[kk & 1][e][r] = natural_pair(q, pair_select, cs2[e][r & 1], z2[e][r & 1]);
+                    }
+                }
+#pragma unroll
+                for (int e = 0; e < SLICES; ++e) fence_operands(d[e]);
+                wgmma_fence();
+#pragma unroll
+                for (int e = 0; e < SLICES; ++e)
+                    wgmma_tile_rs(d[e], a[kk & 1][e], matrix_descriptor(stage + X_OFFSET + kk * 2 * CORE_LBO),
+                                  step > 0 || kk > 0);
+                wgmma_commit();
+                wgmma_wait<1>();  // the step before is done: its registers, and at kk 0 the previous stage, are free
+#pragma unroll
+                for (int e = 0; e < SLICES; ++e) fence_operands(d[e]);
+                if (kk == 0) {
+                    if (!previous_released && threadIdx.x % 128 == 0)
+                        barrier_arrive(empty + 8 * ((i - 1) % STAGES));
+                    previous_released = false;
+                }
+            }
+#else
 #pragma unroll
             for (int e = 0; e < SLICES; ++e) fence_operands(d[e]);
             wgmma_fence();
@@ -284,6 +351,7 @@ w4a16_wgmma(const u16* __restrict__ x, const u32* __restrict__ qw, const u16* __
             for (int e = 0; e < SLICES; ++e) fence_operands(d[e]);
             if (!previous_released && threadIdx.x % 128 == 0) barrier_arrive(empty + 8 * ((i - 1) % STAGES));
             previous_released = false;
+#endif
         }
         wgmma_wait<0>();  // the segment's last stage goes back now, before the epilogue
         if (threadIdx.x % 128 == 0) barrier_arrive(empty + 8 * ((i - 1) % STAGES));

@@ -61,7 +61,8 @@ class WgmmaConfig:
     block_t: int = 128  # token rows of a CTA: 64, 128 or 256 (the wgmma's n)
     stages: int = 4  # shared-memory stages (3-8): PREFETCH = stages - 2 tiles of copies in flight
     split: int = 1  # CTAs a tile (1, 2, ...) or 0: stream-K over as many CTAs as the SMs hold at once
-    word_decode: bool = True  # fp16: one shift per packed word (bf16 always per pair)
+    word_decode: bool = True  # fp16: one shift per packed word (bf16 always per pair; RS decodes its own way)
+    rs: bool = False  # A from registers: the consumers dequantize their fragments, no A tile in shared memory
 
     def __post_init__(self) -> None:
         if (self.block_n not in (128, 256) or self.block_t not in (64, 128, 256) or not 3 <= self.stages <= 8
@@ -71,13 +72,14 @@ class WgmmaConfig:
 
     def name(self) -> str:
         return (f"wgmma n{self.block_n} t{self.block_t} s{self.stages} {f'k{self.split}' if self.split else 'stream'}"
-                f"{'' if self.word_decode else ' pair'}")
+                f"{'' if self.word_decode else ' pair'}{' rs' if self.rs else ''}")
 
 
 def stage_bytes(cfg: WgmmaConfig, group: int) -> int:
-    """Raw words, scales and zeros, x and the dequantized A tile of one k tile (see the .cu's layout)."""
+    """Raw words, scales and zeros, x and (not under RS) the dequantized A tile of one k tile (the .cu's layout)."""
     scale_rows = BLOCK_K // group if group < BLOCK_K else 1
-    return 8 * cfg.block_n * 4 + 2 * scale_rows * cfg.block_n * 2 + cfg.block_t * BLOCK_K * 2 + cfg.block_n * BLOCK_K * 2
+    a_tile = 0 if cfg.rs else cfg.block_n * BLOCK_K * 2
+    return 8 * cfg.block_n * 4 + 2 * scale_rows * cfg.block_n * 2 + cfg.block_t * BLOCK_K * 2 + a_tile
 
 
 def shared_bytes(cfg: WgmmaConfig, group: int) -> int:
@@ -126,7 +128,7 @@ def ctas_per_sm(cfg: WgmmaConfig, group: int) -> int:
 def tuner_configs(bucket: int, n: int, k: int, group: int) -> list[WgmmaConfig]:
     """The configs the tuner times for a bucket of at least MIN_ROWS rows: tiles no taller than the bucket, the
     deepest pipeline that fits (and 4 stages beside 6; 3 for the tile two CTAs an SM can share), one CTA a tile and
-    stream-K."""
+    stream-K; and the RS form of each tile at its deepest pipeline."""
     if bucket < MIN_ROWS:
         return []
     out = []
@@ -138,24 +140,34 @@ def tuner_configs(bucket: int, n: int, k: int, group: int) -> list[WgmmaConfig]:
         if (block_n, block_t) == TWO_A_SM:
             depths.append(3)
         out += [WgmmaConfig(block_n, block_t, stages, split) for stages in depths for split in (1, 0)]
+        rs_fits = [s for s in range(3, 7) if supports(WgmmaConfig(block_n, block_t, s, rs=True), n, k, group)]
+        out += [WgmmaConfig(block_n, block_t, stages, split, rs=True) for stages in rs_fits[-1:] for split in (1, 0)]
     return out
 
 
 SOURCE = Path(__file__).with_suffix(".cu").read_text()
 
 
-def wgmma_tile_source(dtype: torch.dtype, block_t: int) -> str:
-    """`wgmma_tile(d, a, b, accumulate)`: one wgmma.mma_async m64n<block_t>k16 with fp32 accumulators d[0 ..
-    block_t / 2), A and B from shared-memory descriptors, both K-major (no transpose); D = A B (+ D if accumulate:
-    the scale-d predicate)."""
+def wgmma_tile_source(dtype: torch.dtype, block_t: int, rs: bool) -> str:
+    """`wgmma_tile(d, a, b, accumulate)` (A from a shared-memory descriptor) or, under RS, `wgmma_tile_rs(d, a[4], b,
+    accumulate)` (A from 4 registers a thread, in mma.sync's m16n8k16 A fragment layout for each warp's 16 rows): one
+    wgmma.mma_async m64n<block_t>k16 with fp32 accumulators d[0 .. block_t / 2), B from a descriptor, K-major (no
+    transpose); D = A B (+ D if accumulate: the scale-d predicate)."""
     n = block_t // 2
     kind = "bf16" if dtype == torch.bfloat16 else "f16"
     regs = ", ".join(f"%{i}" for i in range(n))
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(n))
+    shape = f"wgmma.mma_async.sync.aligned.m64n{block_t}k16.f32.{kind}.{kind}"
+    if rs:
+        return ("__device__ __forceinline__ void wgmma_tile_rs(float* d, const u32* a, u64 b, int accumulate) {\n"
+                f'    asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{n + 5}, 0;\\n"\n'
+                f'                 "{shape} {{{regs}}}, {{%{n}, %{n + 1}, %{n + 2}, %{n + 3}}}, %{n + 4}, p, 1, 1, 0;'
+                f'\\n}}\\n"\n'
+                f'                 : {outs}\n'
+                '                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));\n}\n')
     return ("__device__ __forceinline__ void wgmma_tile(float* d, u64 a, u64 b, int accumulate) {\n"
             f'    asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{n + 2}, 0;\\n"\n'
-            f'                 "wgmma.mma_async.sync.aligned.m64n{block_t}k16.f32.{kind}.{kind} {{{regs}}}, '
-            f'%{n}, %{n + 1}, p, 1, 1, 0, 0;\\n}}\\n"\n'
+            f'                 "{shape} {{{regs}}}, %{n}, %{n + 1}, p, 1, 1, 0, 0;\\n}}\\n"\n'
             f'                 : {outs}\n'
             '                 : "l"(a), "l"(b), "r"(accumulate));\n}\n')
 
@@ -163,9 +175,9 @@ def wgmma_tile_source(dtype: torch.dtype, block_t: int) -> str:
 def kernel_source(dtype: torch.dtype, group: int, cfg: WgmmaConfig, pdl: bool = False) -> str:
     defines = {"BF16": int(dtype == torch.bfloat16), "WORD_DECODE": int(cfg.word_decode and dtype == torch.float16),
                "BN": cfg.block_n, "BT": cfg.block_t, "STAGES": cfg.stages, "GROUP": group, "PDL": int(pdl),
-               "CTAS_PER_SM": ctas_per_sm(cfg, group)}
+               "CTAS_PER_SM": ctas_per_sm(cfg, group), "RS": int(cfg.rs)}
     return ("".join(f"#define {k} {v}\n" for k, v in defines.items()) + FRAGMENT + PIPELINE
-            + wgmma_tile_source(dtype, cfg.block_t) + SOURCE)
+            + wgmma_tile_source(dtype, cfg.block_t, cfg.rs) + SOURCE)
 
 
 @functools.cache

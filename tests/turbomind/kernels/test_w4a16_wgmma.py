@@ -25,6 +25,9 @@ CASES = [  # (n, k, group, m, config, resident CTAs): both channel blocks, token
     (384, 256, 128, 200, WgmmaConfig(128, 64, 3, 0), 5),  # stream-K: 12 tiles x 4 k tiles on 5 CTAs
     (256, 512, 64, 64, WgmmaConfig(128, 64, 4, 0), 3),  # stream-K: 2 tiles x 8 k tiles on 3 CTAs
     (128, 128, 32, 130, WgmmaConfig(128, 128, 3, 0), 7),  # stream-K with more CTAs than... 4 iterations: G = 4
+    (128, 256, 128, 64, WgmmaConfig(128, 64, 3, rs=True), 132),  # RS: A decoded into the consumers' registers
+    (256, 512, 32, 100, WgmmaConfig(256, 128, 4, 0, rs=True), 3),  # RS, two scale rows a stage, stream-K
+    (128, 384, 64, 70, WgmmaConfig(128, 64, 5, 2, rs=True), 132),  # RS, two CTAs a tile, a 6-row second tile
 ]
 
 
@@ -55,6 +58,15 @@ def test_the_emulation_reads_through_the_descriptors(monkeypatch) -> None:
     assert row_errors(y, ref).max() > 0.1
 
 
+def test_the_rs_emulation_catches_a_wrong_pair_selector(monkeypatch) -> None:
+    """RS: each lane's PRMT selector picks byte t of the word; the neighbouring byte (t + 1) computes wrong."""
+    qweight, scales, zeros, x, bias, ref = lane_case(128, 256, 128, 64, torch.float16)
+    prmt_lanes = wgmma_lanes.prmt_lanes
+    monkeypatch.setattr(wgmma_lanes, "prmt_lanes", lambda a, b, sel: prmt_lanes(a, b, (sel + 0x1111) & 0x7777))
+    y, _ = wgmma_lanes.run(x, qweight, scales, zeros, bias, WgmmaConfig(128, 64, 3, rs=True))
+    assert row_errors(y, ref).max() > 0.1
+
+
 def test_the_emulation_reads_the_layout_the_source_uses() -> None:
     for text in ("#define CORE_LBO 128", "#define CORE_SBO 1024",
                  "(row >> 3) * CORE_SBO + k8 * CORE_LBO + (row & 7) * 16",
@@ -71,18 +83,24 @@ def test_the_emulation_reads_the_layout_the_source_uses() -> None:
                  "if (!previous_released && threadIdx.x % 128 == 0) barrier_arrive(empty + 8 * ((i - 1) % STAGES));",
                  "if (threadIdx.x % 128 == 0) barrier_arrive(empty + 8 * ((i - 1) % STAGES));\n"
                  "        previous_released = true;",
-                 "#define PREFETCH (STAGES - 2)"):
+                 "#define PREFETCH (STAGES - 2)", "t | (t << 4) | ((4 + t) << 8) | ((4 + t) << 12)",
+                 "#define MAGIC2 0x43004300u", "#define MAGIC2 0x64006400u", "prmt(q, q >> 4, select)",
+                 "(2 * kk + (r >> 1)) * BN * 4 + (n + 8 * (r & 1)) * 4", "(kk / 2) % SROWS * BN * 2 + n * 2",
+                 "lds16(at + 16 * h)", "a[kk & 1][e][r]"):
         assert text in kernel.SOURCE, text
 
 
 def test_the_wgmma_statement() -> None:
-    text = kernel.wgmma_tile_source(torch.bfloat16, 64)
+    text = kernel.wgmma_tile_source(torch.bfloat16, 64, rs=False)
     assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1," in text
     assert "%31}, %32, %33, p, 1, 1, 0, 0" in text
     assert text.count('"+f"(d[') == 32 and "setp.ne.b32 p, %34, 0" in text
     source = kernel.kernel_source(torch.float16, 32, WgmmaConfig(256, 128, 3, 2), pdl=True)
     assert all(f"#define {d}\n" in source for d in ("BN 256", "BT 128", "STAGES 3", "GROUP 32", "WORD_DECODE 1", "PDL 1"))
-    assert "m64n128k16.f32.f16.f16" in source
+    assert "m64n128k16.f32.f16.f16" in source and "#define RS 0\n" in source and "void wgmma_tile_rs" not in source
+    rs = kernel.kernel_source(torch.bfloat16, 64, WgmmaConfig(128, 64, 3, 0, rs=True))
+    assert "#define RS 1\n" in rs and "{%32, %33, %34, %35}, %36, p, 1, 1, 0;" in rs  # A registers, no trans-a
+    assert "#define CTAS_PER_SM 2\n" in rs
 
 
 def test_wrapper_and_config_reject_what_the_kernel_cannot_take() -> None:
@@ -105,6 +123,7 @@ def test_tuner_configs() -> None:
         assert configs and len({c.name() for c in configs}) == len(configs)
         assert all(c.block_t <= bucket and kernel.supports(c, 11008, 4096, 128) for c in configs)
         assert {c.split for c in configs} == {0, 1}  # one CTA a tile, and stream-K
+        assert {c.rs for c in configs} == {False, True}
     assert not any(c.block_n == 256 for c in kernel.tuner_configs(4096, 33 * 128, 4096, 128))
 
 

@@ -4,6 +4,8 @@ mbarrier waits and arrivals, async copies and PDL instructions."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -18,6 +20,9 @@ SPECIALIZATIONS = [  # (dtype, group, config, pdl): both dtypes, every tile, gro
     (torch.float16, 32, WgmmaConfig(256, 128, 3, 2), False),
     (torch.bfloat16, 64, WgmmaConfig(128, 256, 4), True),
     (torch.bfloat16, 128, WgmmaConfig(256, 64, 3, 1, False), False),
+    (torch.float16, 128, WgmmaConfig(128, 128, 6, 0, rs=True), True),
+    (torch.bfloat16, 32, WgmmaConfig(256, 128, 4, 1, rs=True), False),
+    (torch.float16, 64, WgmmaConfig(128, 64, 6, 0, rs=True), True),
 ]
 
 
@@ -27,9 +32,11 @@ def test_specialization_compiles_for_sm90a(offline, spec) -> None:
     dtype, group, cfg, pdl = spec
     usage, sass = nvrtc_offline.inspect(nvrtc.compile_cubin(kernel_source(dtype, group, cfg, pdl), "sm_90a"))
     wgmmas = [line for line in sass.splitlines() if "HGMMA." in line]
-    # every k tile: 4 k16 steps for each of a consumer's 64-channel slices, of n = block_t (the loop may be peeled)
+    # every k tile: 4 k16 steps for each of a consumer's 64-channel slices, of n = block_t (the loop may be peeled);
+    # under RS the A operand is a register (HGMMA ... R<a>, gdesc[...]), else a descriptor
     per_tile = 4 * cfg.block_n // 128
     assert wgmmas and len(wgmmas) % per_tile == 0
+    assert all(bool(re.search(r"HGMMA\S* R\d+, R\d+, gdesc\[", line)) == cfg.rs for line in wgmmas)
     assert all(f"HGMMA.64x{cfg.block_t}x16.F32{'.BF16' if dtype == torch.bfloat16 else ''} " in line for line in wgmmas)
     # one wgmma group left in flight while a stage is released (ptxas would serialize them, with a wait after each,
     # if anything but wgmma touched the accumulators inside the k loop), and no local memory in that loop

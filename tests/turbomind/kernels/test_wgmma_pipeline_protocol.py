@@ -68,13 +68,16 @@ def producer(stages: list[Stage], full: list[Barrier], empty: list[Barrier], cou
 
 
 def consumer(me: int, stages: list[Stage], full: list[Barrier], empty: list[Barrier], segments: list[int],
-             n_stages: int, arrives: bool) -> Generator[object, None, None]:
+             n_stages: int, arrives: bool, groups: int = 1) -> Generator[object, None, None]:
+    """`groups` wgmma groups an iteration: 1 (A from shared memory: one group of 4 k16 steps) or 4 (RS: a group a
+    k16 step, each after this warpgroup decoded its A fragments from the stage's words)."""
     in_flight: list[int] = []  # iterations of the wgmma groups not yet retired, oldest first
 
     def retire(keep: int) -> None:  # wgmma_wait<keep>
         while len(in_flight) > keep:
             it = in_flight.pop(0)
-            stages[it % n_stages].readers.discard((me, it))
+            if it not in in_flight:
+                stages[it % n_stages].readers.discard((me, it))
 
     i = 0
     previous_released = True
@@ -83,16 +86,18 @@ def consumer(me: int, stages: list[Stage], full: list[Barrier], empty: list[Barr
             s = i % n_stages
             while not full[s].passes((i // n_stages) & 1):  # barrier_wait(full + 8 * s, (i / STAGES) & 1)
                 yield "blocked"
-            assert stages[s].iteration == i and stages[s].complete, f"consumer {me} reads stage {s} for {i} early"
-            stages[s].readers.add((me, i))
-            in_flight.append(i)
-            yield
-            retire(1)  # wgmma_wait<1>: iteration i - 1's group is done
-            if not previous_released and arrives:
-                empty[(i - 1) % n_stages].arrive()
-            previous_released = False
+            for kk in range(groups):
+                assert stages[s].iteration == i and stages[s].complete, f"consumer {me} reads stage {s} for {i} early"
+                stages[s].readers.add((me, i))
+                in_flight.append(i)
+                yield
+                retire(1)  # wgmma_wait<1>: the group before is done (at the first, iteration i - 1's last)
+                if kk == 0:
+                    if not previous_released and arrives:
+                        empty[(i - 1) % n_stages].arrive()
+                    previous_released = False
+                yield
             i += 1
-            yield
         retire(0)  # the segment's end: its last stage goes back before the epilogue
         if arrives:
             empty[(i - 1) % n_stages].arrive()
@@ -100,15 +105,15 @@ def consumer(me: int, stages: list[Stage], full: list[Barrier], empty: list[Barr
         yield
 
 
-def run(n_stages: int, segments: list[int], seed: int, arrives: bool = True) -> None:
+def run(n_stages: int, segments: list[int], seed: int, arrives: bool = True, groups: int = 1) -> None:
     count = sum(segments)
     stages = [Stage() for _ in range(n_stages)]
     full = [Barrier(1) for _ in range(n_stages)]
     empty = [Barrier(2) for _ in range(n_stages)]
     # both consumers arrive (one thread of each warpgroup): the empty barriers expect 2
     actors = [producer(stages, full, empty, count, n_stages),
-              consumer(0, stages, full, empty, segments, n_stages, arrives),
-              consumer(1, stages, full, empty, segments, n_stages, arrives)]
+              consumer(0, stages, full, empty, segments, n_stages, arrives, groups),
+              consumer(1, stages, full, empty, segments, n_stages, arrives, groups)]
     rng = random.Random(seed)
     live = list(actors)
     stalled = 0
@@ -124,8 +129,9 @@ def run(n_stages: int, segments: list[int], seed: int, arrives: bool = True) -> 
         assert stalled < 10_000, "deadlock: every actor is waiting"
 
 
+@pytest.mark.parametrize("groups", [1, 4], ids=["ss", "rs"])
 @pytest.mark.parametrize("n_stages", [3, 4, 6])
-def test_random_schedules_keep_the_protocol(n_stages: int) -> None:
+def test_random_schedules_keep_the_protocol(n_stages: int, groups: int) -> None:
     rng = random.Random(n_stages)
     for seed in range(150):
         count = rng.randint(1, 3 * n_stages + 5)
@@ -134,7 +140,7 @@ def test_random_schedules_keep_the_protocol(n_stages: int) -> None:
         while left:  # stream-K segments: runs of one tile's k tiles, the first and last possibly short
             segments.append(rng.randint(1, left))
             left -= segments[-1]
-        run(n_stages, segments, seed)
+        run(n_stages, segments, seed, groups=groups)
 
 
 def test_the_model_sees_a_deadlock() -> None:
@@ -146,7 +152,7 @@ def test_the_model_sees_a_deadlock() -> None:
 def test_the_model_catches_a_release_before_the_reads_are_over(monkeypatch) -> None:
     """A consumer that releases a stage while its wgmma may still read it (no wait before the arrive) is caught."""
 
-    def hasty(me, stages, full, empty, segments, n_stages, arrives):
+    def hasty(me, stages, full, empty, segments, n_stages, arrives, groups):
         i = 0
         for length in segments:
             for _ in range(length):

@@ -28,6 +28,15 @@ def core_offset(row: torch.Tensor, k8: torch.Tensor | int) -> torch.Tensor:
     return (row >> 3) * CORE_SBO + k8 * CORE_LBO + (row & 7) * 16
 
 
+def prmt_lanes(a: torch.Tensor, b: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
+    """prmt.b32 with a selector of each lane's own (`mma_gemv_lanes.prmt` takes one for all)."""
+    pool = torch.stack([(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)])
+    out = torch.zeros_like(a)
+    for k in range(4):
+        out |= pool.gather(0, ((select >> (4 * k)) & 7)[None])[0] << (8 * k)
+    return out
+
+
 def descriptor(address: int) -> int:
     """matrix_descriptor() of the source: start >> 4, LBO >> 4 at bit 16, SBO >> 4 at bit 32, no swizzle."""
     return ((address & 0x3FFFF) >> 4) | ((CORE_LBO >> 4) << 16) | ((CORE_SBO >> 4) << 32)
@@ -87,7 +96,7 @@ def _cta(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: to
     x_offset = raw_bytes + 2 * sc_bytes
     a_offset = x_offset + bt * BLOCK_K * 2
     stage = stage_bytes(cfg, group)
-    assert a_offset + bn * BLOCK_K * 2 == stage
+    assert a_offset + (0 if cfg.rs else bn * BLOCK_K * 2) == stage
     smem = SharedMemory(shared_bytes(cfg, group))
     word = cfg.word_decode and dtype == torch.float16
     one2 = 0x3F803F80 if dtype == torch.bfloat16 else 0x3C003C00
@@ -143,6 +152,33 @@ def _cta(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: to
                                       prmt(pairs[0], pairs[1], 0x7632), prmt(pairs[2], pairs[3], 0x7632)], dim=1)
                 smem.store(base + a_offset + core_offset(nn, r), halves)
 
+    magic = 0x43004300 if dtype == torch.bfloat16 else 0x64006400  # MAGIC2: 128 / 1024, where c is exact
+    lane_ = P % 32
+    g_, t_ = lane_ >> 2, lane_ & 3
+    select = t_ | (t_ << 4) | ((4 + t_) << 8) | ((4 + t_) << 12)  # pair_select
+
+    def rs_fragments(base: int, slice_: int, kk: int) -> torch.Tensor:
+        """RS: a consumer warpgroup's A fragments for one slice and k16 step, decoded from the stage's raw words lane
+        by lane (natural_pair), put together as the [64, 16] A they stand for (each warp 16 rows, mma.sync's
+        m16n8k16 A layout)."""
+        n = slice_ * 64 + 16 * (P // 32) + g_
+        at = base + raw_bytes + (kk // 2) % scale_rows * bn * 2 + n * 2
+        s2 = [smem.load16(at + 16 * h) for h in range(2)]
+        z2 = [smem.load16(at + sc_bytes + 16 * h) for h in range(2)]
+        a = torch.zeros(64, 16)
+        for r in range(4):
+            q = smem.load(base + (2 * kk + (r >> 1)) * bn * 4 + (n + 8 * (r & 1)) * 4, 1)[:, 0]
+            v = prmt_lanes(q, q >> 4, select)
+            u = (v & 0x000F000F) | magic
+            h = r & 1
+            pair = dequant(u, magic, s2[h] | (s2[h] << 16), z2[h] | (z2[h] << 16), dtype)
+            halves = _halves(pair, dtype)  # [128, 2]
+            rows = 16 * (P // 32) + g_ + 8 * (r & 1)
+            cols = 2 * t_ + 8 * (r >> 1)
+            a[rows, cols] = halves[:, 0]
+            a[rows, cols + 1] = halves[:, 1]
+        return a
+
     for j in range(min(prefetch, count)):  # the prologue: weights, then (after the PDL wait) x
         _, kt, _, _, n0 = work_at(it0 + j)
         copy_weights(j * stage, n0, kt)
@@ -163,13 +199,18 @@ def _cta(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: to
                 copy_weights((j % stages) * stage, jn0, kt)
                 copy_x((j % stages) * stage, jm0, jm_rows, kt)
             base = (i % stages) * stage
-            dequant_stage(base)
+            if not cfg.rs:
+                dequant_stage(base)
             for wg in range(2):  # after full[i % stages]
                 for kk in range(BLOCK_K // 16):
                     b = read_operand(smem, descriptor(base + x_offset + kk * 2 * CORE_LBO), bt, dtype)
                     for e in range(slices):
-                        a_desc = descriptor(base + a_offset + (wg * slices + e) * 8 * CORE_SBO + kk * 2 * CORE_LBO)
-                        product = read_operand(smem, a_desc, 64, dtype) @ b.T
+                        if cfg.rs:
+                            a_tile = rs_fragments(base, wg * slices + e, kk)
+                        else:
+                            a_desc = descriptor(base + a_offset + (wg * slices + e) * 8 * CORE_SBO + kk * 2 * CORE_LBO)
+                            a_tile = read_operand(smem, a_desc, 64, dtype)
+                        product = a_tile @ b.T
                         d[wg, e] = d[wg, e] + product if step > 0 or kk > 0 else product  # scale-d
             i += 1
         last_kt = first_kt + length - 1
