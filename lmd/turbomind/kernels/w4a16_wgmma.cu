@@ -1,6 +1,7 @@
 // W4A16 GEMM on Hopper's warpgroup MMA (wgmma, sm_90a) with the int4 decode overlapped: a producer warpgroup
 // copies packed words, scales, zeros and x into shared memory and dequantizes each k tile into an fp16/bf16 A tile,
-// two consumer warpgroups run wgmma on it; stream-K over the CTAs. Design and invariants: w4a16_wgmma.py. Compiled
+// two consumer warpgroups run wgmma on it (RS: the consumers decode their A fragments into registers themselves,
+// the producer only copies); stream-K over the CTAs. Design and invariants: w4a16_wgmma.py. Compiled
 // at run time by NVRTC after the defines kernel_source() prepends (BF16, WORD_DECODE, BN, BT, STAGES, GROUP, PDL,
 // CTAS_PER_SM), w4a16_mma_fragment.cuh, cuda_pipeline.cuh and wgmma_tile (the wgmma statement for n = BT);
 // tests/turbomind/kernels/wgmma_lanes.py emulates it, test_wgmma_pipeline_protocol.py models its barriers.
@@ -57,8 +58,8 @@ __device__ __forceinline__ u16 lds16(u32 address) {
     return r;
 }
 
-// mbarriers: `full` (one producer arrival: a stage's x and A are ready), `empty` (one arrival per consumer
-// warpgroup: its wgmma reads of the stage are over)
+// mbarriers: `full` (one producer arrival: a stage's copies, and A unless RS, are ready), `empty` (one arrival
+// per consumer warpgroup: its reads of the stage are over)
 __device__ __forceinline__ void barrier_init(u32 address, int count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(address), "r"(count) : "memory");
 }
@@ -171,8 +172,8 @@ __device__ __forceinline__ void dequant_stage(u32 stage, u32 scale_c2, u32 one, 
             if (r == 0 || (SROWS == 2 && r == 4)) {  // the group row of k 8r (two in a stage at group 32)
                 const u32 at = stage + RAW_BYTES + (r / 4) % SROWS * BN * 2 + n * 2;
                 const u32 s = lds16(at), z = lds16(at + SC_BYTES);
-                cs2 = hmul2(s | (s << 16), scale_c2);
-                z2 = z | (z << 16);
+                cs2 = hmul2(s | ((u32)s << 16), scale_c2);  // u32: a u16 shifted as int would overflow
+                z2 = z | ((u32)z << 16);
             }
             const u32 q = lds32(stage + r * BN * 4 + n * 4);
             sts128(stage + A_OFFSET + core_offset(n, r), dequant_word(q, cs2, z2, one, sixteen, offset_a));
@@ -306,8 +307,8 @@ w4a16_wgmma(const u16* __restrict__ x, const u32* __restrict__ qw, const u16* __
 #pragma unroll
                         for (int h = 0; h < 2; ++h) {
                             const u32 sc = lds16(at + 16 * h), z = lds16(at + SC_BYTES + 16 * h);
-                            cs2[e][h] = sc | (sc << 16);
-                            z2[e][h] = z | (z << 16);
+                            cs2[e][h] = sc | ((u32)sc << 16);
+                            z2[e][h] = z | ((u32)z << 16);
                         }
                     }
                     // a0: row g, k 2t, 2t + 1 (word row 2 kk); a1: row g + 8; a2, a3: k 2t + 8, 2t + 9 (row 2 kk + 1)
