@@ -4,7 +4,7 @@ Tuning the four int4 linears of a 7B model for every row bucket a step can have 
 compiling the ~200-300 candidates of the buckets up to 64 rows (docs/benchmarks.md, seventeenth session). The winners
 of such a run (`benchmarks/w4a16_tune.py`, which writes this format) live in `w4a16_plans/<gpu>.json`:
 
-    {"gpu": "NVIDIA H200", "triton": "3.6", "source": "...", "opt_in": ["mma-gemv"],
+    {"gpu": "NVIDIA H200", "triton": "3.6", "source": "...", "opt_in": ["mma-gemm", "mma-gemv", "wgmma"],
      "plans": {"m<bucket> n<N> k<K> g<group> <dtype>": "<plan name>", ...}}
 
 A shipped plan is used where the on-disk cache of plans tuned on this machine (`w4a16_plan_cache`) has none and only
