@@ -3,6 +3,7 @@ for 16 rows and more (`w4a16_mma_gemm`) and the wgmma GEMM for 64 rows and more 
 speed beside lmd's shipped W4A16 plan for the same bucket and fp16 cuBLAS (issue 18).
 
     python3 benchmarks/w4a16_mma_probe.py [--ms 1,4,8,16,32,64,128,256,1024] [--shapes 12288x4096,...] [--quick]
+                                          [--families gemv,gemm,wgmma] [--no-bench]
 
 1. Checks: fp16 and bf16, groups 32/64/128, with and without bias, split and unsplit launches, the GEMV at M =
    1..128 (every block size, several token tiles), the mma.sync GEMM at M = 16..300 (every warp height, short last
@@ -266,8 +267,8 @@ def fastest(family: dict[str, float]) -> tuple[float, str]:
     return min(((v, name) for name, v in family.items() if v == v), default=(float("nan"), "none right"))
 
 
-def bench(n: int, k: int, ms: list[int], group: int, quick: bool) -> list[dict]:
-    wgmma_ok = torch.cuda.get_device_capability() == (9, 0)
+def bench(n: int, k: int, ms: list[int], group: int, quick: bool, chosen: set[str]) -> list[dict]:
+    wgmma_ok = torch.cuda.get_device_capability() == (9, 0) and "wgmma" in chosen
     dev = torch.device("cuda")
     w = torch.randn(n, k, device=dev, dtype=torch.float16) * 0.02
     qw, s, z = quantize_to_engine(w, group, torch.float16)
@@ -282,8 +283,8 @@ def bench(n: int, k: int, ms: list[int], group: int, quick: bool) -> list[dict]:
         plan = plan_for(m, qw, s, z, torch.float16)
         t_plan = graph_us([lambda p=p, x=x, c=plan: run_plan(c, x, *p) for p in quant])
         ref = w4a16_matmul_reference(x.float(), qw, s, z)
-        families = {"gemv": (mma_gemv, gemv_configs(m) if m <= MAX_ROWS else []),
-                    "gemm": (mma_gemm, gemm_configs(m, n, k) if m >= 16 else []),
+        families = {"gemv": (mma_gemv, gemv_configs(m) if m <= MAX_ROWS and "gemv" in chosen else []),
+                    "gemm": (mma_gemm, gemm_configs(m, n, k) if m >= 16 and "gemm" in chosen else []),
                     "wgmma": (wgmma_gemm, wgmma_configs(m, n, k) if m >= 64 and wgmma_ok else [])}
         timings: dict[str, dict[str, float]] = {}
         for family, (kernel, configs) in families.items():
@@ -325,20 +326,27 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=128)
     parser.add_argument("--quick", action="store_true", help="a third of the configs")
     parser.add_argument("--no-bench", action="store_true")
+    parser.add_argument("--families", default="gemv,gemm,wgmma",
+                        help="the kernels to check and time, comma-separated (a rerun of one after a fix)")
     args = parser.parse_args()
+    chosen = set(args.families.split(","))
+    if not chosen <= {"gemv", "gemm", "wgmma"}:
+        parser.error(f"--families: gemv, gemm and/or wgmma, not {args.families}")
     torch.manual_seed(0)
     props = torch.cuda.get_device_properties(0)
     print(f"{props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}", flush=True)
-    sm90 = torch.cuda.get_device_capability() == (9, 0)
+    sm90 = torch.cuda.get_device_capability() == (9, 0) and "wgmma" in chosen
     jobs = [(kind, dtype, group, cfg) for dtype in (torch.float16, torch.bfloat16) for group in (32, 64, 128)
             for kind, configs in (("gemv", [*gemv_checks(1), *gemv_checks(9), GEMV_REPLAYED]), ("gemm", GEMM_CHECKS),
                                   ("wgmma", WGMMA_CHECKS if sm90 else ()))
-            for cfg in configs]
+            if kind in chosen for cfg in configs]
     for shape in ([] if args.no_bench else args.shapes.split(",")):
         n, k = (int(v) for v in shape.split("x"))
         for m in (int(v) for v in args.ms.split(",")):
-            jobs += [("gemv", torch.float16, args.group, c) for c in (gemv_configs(m) if m <= MAX_ROWS else [])]
-            jobs += [("gemm", torch.float16, args.group, c) for c in (gemm_configs(m, n, k) if m >= 16 else [])]
+            jobs += [("gemv", torch.float16, args.group, c)
+                     for c in (gemv_configs(m) if m <= MAX_ROWS and "gemv" in chosen else [])]
+            jobs += [("gemm", torch.float16, args.group, c)
+                     for c in (gemm_configs(m, n, k) if m >= 16 and "gemm" in chosen else [])]
             jobs += [("wgmma", torch.float16, args.group, c) for c in (wgmma_configs(m, n, k) if m >= 64 and sm90
                                                                         else [])]
     print(f"built {len(set(jobs))} specializations in {precompile(jobs):.1f} s", flush=True)
@@ -354,7 +362,8 @@ def main() -> None:
                   flush=True)
     start = time.time()
     failures: list[str] = []
-    cases = check_gemv(failures) + check_gemm(failures) + check_wgmma(failures)
+    checks = {"gemv": check_gemv, "gemm": check_gemm, "wgmma": check_wgmma}
+    cases = sum(check(failures) for family, check in checks.items() if family in chosen)
     print(f"checks: {cases} cases, {len(failures)} failures ({time.time() - start:.1f} s)", flush=True)
     for f in failures[:30]:
         print("  FAIL " + f)
@@ -362,7 +371,7 @@ def main() -> None:
     if not args.no_bench:
         for shape in args.shapes.split(","):
             n, k = (int(v) for v in shape.split("x"))
-            rows += bench(n, k, [int(v) for v in args.ms.split(",")], args.group, args.quick)
+            rows += bench(n, k, [int(v) for v in args.ms.split(",")], args.group, args.quick, chosen)
     out = Path(os.environ.get("OUT", "."), "w4a16_mma_probe.json")
     out.write_text(json.dumps(dict(gpu=props.name, cases=cases, failures=failures, rows=rows), indent=1))
     print(f"\nmma.sync W4A16 g{args.group}, {props.name}: µs per call (graph, cold weights)")
