@@ -23,6 +23,8 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -46,16 +48,29 @@ from lmd.turbomind.kernels.w4a16_wgmma import WgmmaConfig, wgmma_gemm  # noqa: E
 from lmd.turbomind.kernels.w4a16_wgmma import tuner_configs as wgmma_tuner_configs  # noqa: E402
 
 SHAPES = "12288x4096,4096x4096,22016x4096,4096x11008"
-GEMV_REPLAYED = MmaGemvConfig(8, 2, 1, False)
 GEMM_CHECKS = (MmaGemmConfig(2, 1, 16, 3, 1), MmaGemmConfig(2, 2, 32, 4, 4), MmaGemmConfig(1, 2, 64, 3, 1),
                MmaGemmConfig(2, 2, 64, 2, 3), MmaGemmConfig(1, 8, 16, 4, 1), MmaGemmConfig(4, 2, 32, 3, 2, False),
-               MmaGemmConfig(2, 4, 64, 4, 1), MmaGemmConfig(2, 1, 16, 3, 4), MmaGemmConfig(2, 2, 32, 3, 1))
+               MmaGemmConfig(2, 4, 64, 4, 1))
 WGMMA_CHECKS = (WgmmaConfig(128, 64, 3), WgmmaConfig(128, 128, 4, 2), WgmmaConfig(256, 128, 3, 0),
                 WgmmaConfig(128, 256, 4, 1, False), WgmmaConfig(256, 64, 3, 3), WgmmaConfig(128, 64, 6, 0),
                 WgmmaConfig(128, 128, 6, 0, rs=True), WgmmaConfig(256, 128, 4, 1, rs=True),
-                WgmmaConfig(128, 64, 6, 2, rs=True),
-                WgmmaConfig(128, 64, 4, 0), WgmmaConfig(128, 128, 4, 3), WgmmaConfig(128, 128, 6, 0, rs=True))
+                WgmmaConfig(128, 64, 6, 2, rs=True))
 
+
+@dataclass(frozen=True)
+class Family:
+    """What the checks run of one kernel: its launch, its PyTorch twin, the (N, K, group) shapes and M values, the
+    configs checked at each M, and the configs whose CUDA-graph replays are checked (on `replay_rows` rows)."""
+    kernel: Callable
+    twin: Callable
+    shapes: tuple[tuple[int, int, int], ...]
+    ms: tuple[int, ...]
+    configs: Callable[[int], Sequence]
+    replayed: tuple
+    replay_rows: int
+
+
+SHAPES_CHECKED = ((256, 1024, 128), (128, 512, 64), (256, 768, 32), (4096, 4096, 128), (512, 11008, 128))
 
 def progress(kernel: str, dtype: torch.dtype, n: int, k: int, group: int) -> None:
     """A line as each check shape starts (the output of a call that hangs ends at the kernel and shape that did),
@@ -78,6 +93,24 @@ def gemv_checks(m: int) -> list[MmaGemvConfig]:
                MmaGemvConfig(small, 4, 2, True, False), MmaGemvConfig(32, 4, 1, False),
                MmaGemvConfig(32, 2, 2, True, False), MmaGemvConfig(32, 8, 64, True)]
     return [c for c in configs if m <= 16 or c.block_m == 32]
+
+
+FAMILIES = {
+    "gemv": Family(mma_gemv, mma_gemv_reference,
+                   ((256, 1024, 128), (128, 512, 64), (192, 768, 32), (4096, 4096, 128), (64, 11008, 128)),
+                   (1, 2, 5, 8, 9, 16, 20, 32, 45, 128), gemv_checks, (MmaGemvConfig(8, 2, 1, False),), 3),
+    "gemm": Family(mma_gemm, mma_gemm_reference, SHAPES_CHECKED, (16, 20, 45, 64, 128, 300), lambda m: GEMM_CHECKS,
+                   (MmaGemmConfig(2, 1, 16, 3, 4), MmaGemmConfig(2, 2, 32, 3, 1)), 37),
+    "wgmma": Family(wgmma_gemm, mma_gemm_reference, SHAPES_CHECKED, (64, 100, 128, 256, 300, 1024),
+                    lambda m: WGMMA_CHECKS,
+                    (WgmmaConfig(128, 64, 4, 0), WgmmaConfig(128, 128, 4, 3), WgmmaConfig(128, 128, 6, 0, rs=True)),
+                    77),
+}
+
+
+def checked_configs(family: Family) -> list:
+    """Every config the checks of a family launch (to build them first)."""
+    return list(dict.fromkeys([c for m in family.ms for c in family.configs(m)] + list(family.replayed)))
 
 
 def precompile(jobs: list[tuple[object, torch.dtype, int, object]]) -> float:
@@ -174,88 +207,37 @@ def wrong_pattern(y: torch.Tensor, want: torch.Tensor) -> str:
             f"{cols}, first wrong at {tuple(int(v) for v in torch.nonzero(bad)[0])}")
 
 
-def check_gemm(failures: list[str]) -> int:
-    dev = torch.device("cuda")
-    cases = 0
-    for dtype in (torch.float16, torch.bfloat16):
-        for n, k, group in ((256, 1024, 128), (128, 512, 64), (256, 768, 32), (4096, 4096, 128), (512, 11008, 128)):
-            progress("gemm", dtype, n, k, group)
-            w = torch.randn(n, k, device=dev) * 0.02
-            qw, s, z = quantize_to_engine(w, group, dtype)
-            bias = torch.randn(n, device=dev, dtype=dtype)
-            for m in (16, 20, 45, 64, 128, 300):
-                x = torch.randn(m, k, device=dev, dtype=dtype)
-                ref = w4a16_matmul_reference(x.float(), qw, s, z)
-                twin = mma_gemm_reference(x, qw, s, z)
-                for cfg in GEMM_CHECKS[:7]:
-                    if n % cfg.block_n:
-                        continue
-                    for b in (None, bias):
-                        cases += 1
-                        judge(failures, f"{cfg.name()} {dtype} n{n} k{k} g{group} m{m}",
-                              mma_gemm(x, qw, s, z, b, cfg), ref, twin, b)
-            for cfg in GEMM_CHECKS[7:]:
-                if n % cfg.block_n == 0:
-                    cases += 1
-                    if not replays_repeat(lambda x, c=cfg, w=(qw, s, z): mma_gemm(x, *w, None, c),
-                                          torch.randn(37, k, device=dev, dtype=dtype)):
-                        failures.append(f"graph replay differs {cfg.name()} {dtype} n{n} k{k}")
-    return cases
-
-
-def check_wgmma(failures: list[str]) -> int:
-    if torch.cuda.get_device_capability() != (9, 0):
+def check(failures: list[str], name: str, family: Family) -> int:
+    """Every config of the family at every shape, M, dtype, with and without bias, against the reference and the
+    twin (`judge`); then graph replays. Returns the cases run; failures go to `failures`."""
+    if name == "wgmma" and torch.cuda.get_device_capability() != (9, 0):
         failures.append("wgmma not checked: not an sm_90 device")
         return 0
     dev = torch.device("cuda")
     cases = 0
     for dtype in (torch.float16, torch.bfloat16):
-        for n, k, group in ((256, 1024, 128), (128, 512, 64), (256, 768, 32), (4096, 4096, 128), (512, 11008, 128)):
-            progress("wgmma", dtype, n, k, group)
+        for n, k, group in family.shapes:
+            progress(name, dtype, n, k, group)
             w = torch.randn(n, k, device=dev) * 0.02
             qw, s, z = quantize_to_engine(w, group, dtype)
             bias = torch.randn(n, device=dev, dtype=dtype)
-            for m in (64, 100, 128, 256, 300, 1024):
+            for m in family.ms:
                 x = torch.randn(m, k, device=dev, dtype=dtype)
                 ref = w4a16_matmul_reference(x.float(), qw, s, z)
-                twin = mma_gemm_reference(x, qw, s, z)
-                for cfg in WGMMA_CHECKS[:9]:
-                    if n % cfg.block_n:
+                twin = family.twin(x, qw, s, z)
+                for cfg in family.configs(m):
+                    if n % getattr(cfg, "block_n", 64):
                         continue
                     for b in (None, bias):
                         cases += 1
                         judge(failures, f"{cfg.name()} {dtype} n{n} k{k} g{group} m{m}",
-                              wgmma_gemm(x, qw, s, z, b, cfg), ref, twin, b)
-            for cfg in WGMMA_CHECKS[9:]:
-                cases += 1
-                if not replays_repeat(lambda x, c=cfg, w=(qw, s, z): wgmma_gemm(x, *w, None, c),
-                                      torch.randn(77, k, device=dev, dtype=dtype)):
-                    failures.append(f"graph replay differs {cfg.name()} {dtype} n{n} k{k}")
-    return cases
-
-
-def check_gemv(failures: list[str]) -> int:
-    dev = torch.device("cuda")
-    cases = 0
-    for dtype in (torch.float16, torch.bfloat16):
-        for n, k, group in ((256, 1024, 128), (128, 512, 64), (192, 768, 32), (4096, 4096, 128), (64, 11008, 128)):
-            progress("gemv", dtype, n, k, group)
-            w = torch.randn(n, k, device=dev) * 0.02
-            qw, s, z = quantize_to_engine(w, group, dtype)
-            bias = torch.randn(n, device=dev, dtype=dtype)
-            for m in (1, 2, 5, 8, 9, 16, 20, 32, 45, 128):
-                x = torch.randn(m, k, device=dev, dtype=dtype)
-                ref = w4a16_matmul_reference(x.float(), qw, s, z)
-                twin = mma_gemv_reference(x, qw, s, z)
-                for cfg in gemv_checks(m):
-                    for b in (None, bias):
-                        cases += 1
-                        judge(failures, f"{cfg.name()} {dtype} n{n} k{k} g{group} m{m}",
-                              mma_gemv(x, qw, s, z, b, cfg), ref, twin, b)
-            cases += 1
-            if not replays_repeat(lambda x, w=(qw, s, z): mma_gemv(x, *w, None, GEMV_REPLAYED),
-                                  torch.randn(3, k, device=dev, dtype=dtype)):
-                failures.append(f"graph replay differs mma-gemv {dtype} n{n} k{k}")
+                              family.kernel(x, qw, s, z, b, cfg), ref, twin, b)
+            for cfg in family.replayed:
+                if n % getattr(cfg, "block_n", 64) == 0:
+                    cases += 1
+                    if not replays_repeat(lambda x, c=cfg, w=(qw, s, z): family.kernel(x, *w, None, c),
+                                          torch.randn(family.replay_rows, k, device=dev, dtype=dtype)):
+                        failures.append(f"graph replay differs {cfg.name()} {dtype} n{n} k{k}")
     return cases
 
 
@@ -337,9 +319,8 @@ def main() -> None:
     print(f"{props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}", flush=True)
     sm90 = torch.cuda.get_device_capability() == (9, 0) and "wgmma" in chosen
     jobs = [(kind, dtype, group, cfg) for dtype in (torch.float16, torch.bfloat16) for group in (32, 64, 128)
-            for kind, configs in (("gemv", [*gemv_checks(1), *gemv_checks(9), GEMV_REPLAYED]), ("gemm", GEMM_CHECKS),
-                                  ("wgmma", WGMMA_CHECKS if sm90 else ()))
-            if kind in chosen for cfg in configs]
+            for kind, family in FAMILIES.items() if kind in chosen and (kind != "wgmma" or sm90)
+            for cfg in checked_configs(family)]
     for shape in ([] if args.no_bench else args.shapes.split(",")):
         n, k = (int(v) for v in shape.split("x"))
         for m in (int(v) for v in args.ms.split(",")):
@@ -362,8 +343,7 @@ def main() -> None:
                   flush=True)
     start = time.time()
     failures: list[str] = []
-    checks = {"gemv": check_gemv, "gemm": check_gemm, "wgmma": check_wgmma}
-    cases = sum(check(failures) for family, check in checks.items() if family in chosen)
+    cases = sum(check(failures, name, family) for name, family in FAMILIES.items() if name in chosen)
     print(f"checks: {cases} cases, {len(failures)} failures ({time.time() - start:.1f} s)", flush=True)
     for f in failures[:30]:
         print("  FAIL " + f)
