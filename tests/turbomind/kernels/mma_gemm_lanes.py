@@ -15,12 +15,13 @@ import torch
 from lmd.turbomind.kernels.w4a16_mma_gemm import BLOCK_K, MmaGemmConfig, launch_shape, shared_bytes
 from tests.turbomind.kernels.mma_gemv_lanes import (
     CHANNEL,
-    U32,
     G,
     T,
     _bits,
     _dup,
     _halves,
+    as_words,
+    decode_constants,
     dequant,
     mma,
     prmt,
@@ -78,10 +79,8 @@ def _cta(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: to
     assert cfg.stages * stage_bytes == shared_bytes(cfg, group)
     smem = SharedMemory(cfg.stages * stage_bytes)
     word = cfg.word_decode and dtype == torch.float16
-    one2 = 0x3F803F80 if dtype == torch.bfloat16 else 0x3C003C00
-    offset_a, scale_c = (0x4C004C00, 64.0) if word else (one2, 16.0)
-    q_words = qweight.to(torch.int64) & U32
-    x_words, s_words, z_words = _bits(x), _bits(scales), _bits(zeros)
+    one2, offset_a, scale_c = decode_constants(dtype, word)
+    q_words, x_words, s_words, z_words = as_words(x, qweight, scales, zeros)
     quads = torch.arange(4)
 
     # the Copier: a thread's chunk column and first rows, its rows advancing by constant steps

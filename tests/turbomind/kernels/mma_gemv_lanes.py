@@ -77,6 +77,19 @@ def dequant(v: torch.Tensor, offset: int, cs: torch.Tensor, z: torch.Tensor, dty
     return _bits(w.reshape(-1, 2))[:, 0]
 
 
+def decode_constants(dtype: torch.dtype, word: bool) -> tuple[int, int, float]:
+    """(ONE2: 1.0 in both halves; the offset of the pairs in fragment columns 2t, 2t + 1; C) as the sources set them."""
+    one2 = 0x3F803F80 if dtype == torch.bfloat16 else 0x3C003C00
+    return (one2, 0x4C004C00, 64.0) if word else (one2, one2, 16.0)
+
+
+def as_words(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor
+             ) -> tuple[torch.Tensor, ...]:
+    """The operands as the kernels load them, 32-bit words (int64): packed qweight, x [M, K/2], scales and zeros
+    [G, N/2]."""
+    return qweight.to(torch.int64) & U32, _bits(x), _bits(scales), _bits(zeros)
+
+
 def _dup(half_words: torch.Tensor, high: bool) -> torch.Tensor:
     """prmt(w, 0, 0x3232 | 0x1010): the high or low half of each word in both halves."""
     h = (half_words >> 16) & 0xFFFF if high else half_words & 0xFFFF
@@ -101,14 +114,11 @@ def _token_tile(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
     gsteps, mb, warps = group // 32, cfg.block_m // 8, cfg.warps
     scaled = mb >= 4
     word = word_decode(dtype, cfg)
-    one2 = 0x3F803F80 if dtype == torch.bfloat16 else 0x3C003C00
-    offset_a, scale_c = (0x4C004C00, 64.0) if word else (one2, 16.0)
+    one2, offset_a, scale_c = decode_constants(dtype, word)
     groups = k // group
     per_cta = warps * cfg.groups_per_warp
     split = -(-groups // per_cta)
-    q_all = qweight.to(torch.int64) & U32
-    x_words = _bits(x)  # [M, K/2]
-    s_words, z_words = _bits(scales), _bits(zeros)  # [G, N/2]
+    q_all, x_words, s_words, z_words = as_words(x, qweight, scales, zeros)
     ws = torch.zeros(m_rows, n)
     out = torch.empty(m_rows, n, dtype=dtype)
     zero4 = torch.zeros(32, 4, dtype=torch.int64)

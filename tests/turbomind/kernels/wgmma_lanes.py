@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from lmd.turbomind.kernels.w4a16_wgmma import BLOCK_K, WgmmaConfig, grid_size, iterations, shared_bytes, stage_bytes
-from tests.turbomind.kernels.mma_gemv_lanes import U32, _bits, _halves, dequant, prmt, unit_pair
+from tests.turbomind.kernels.mma_gemv_lanes import _bits, _halves, as_words, decode_constants, dequant, prmt, unit_pair
 from tests.turbomind.kernels.shared_memory_model import SharedMemory
 
 CORE_LBO, CORE_SBO = 128, 1024
@@ -99,10 +99,8 @@ def _cta(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: to
     assert a_offset + (0 if cfg.rs else bn * BLOCK_K * 2) == stage
     smem = SharedMemory(shared_bytes(cfg, group))
     word = cfg.word_decode and dtype == torch.float16
-    one2 = 0x3F803F80 if dtype == torch.bfloat16 else 0x3C003C00
-    offset_a, scale_c = (0x4C004C00, 64.0) if word else (one2, 16.0)
-    q_words = qweight.to(torch.int64) & U32
-    x_words, s_words, z_words = _bits(x), _bits(scales), _bits(zeros)
+    one2, offset_a, scale_c = decode_constants(dtype, word)
+    q_words, x_words, s_words, z_words = as_words(x, qweight, scales, zeros)
     quads = torch.arange(4)
 
     def work_at(it: int) -> tuple[int, int, int, int, int]:  # (tile, k tile, first row, rows, first channel)
