@@ -61,14 +61,16 @@ class WgmmaConfig:
     block_t: int = 128  # token rows of a CTA: 64, 128 or 256 (the wgmma's n)
     stages: int = 4  # shared-memory stages (3-8): PREFETCH = stages - 2 tiles of copies in flight
     split: int = 1  # CTAs a tile (1, 2, ...) or 0: stream-K over as many CTAs as the SMs hold at once
-    word_decode: bool = True  # fp16: one shift per packed word (bf16 always per pair; RS decodes its own way)
+    word_decode: bool = True  # fp16: one shift per packed word (bf16 always per pair); RS has its own decode
     rs: bool = False  # A from registers: the consumers dequantize their fragments, no A tile in shared memory
 
     def __post_init__(self) -> None:
         if (self.block_n not in (128, 256) or self.block_t not in (64, 128, 256) or not 3 <= self.stages <= 8
-                or self.split < 0 or self.block_n // 128 * self.block_t // 2 > MAX_ACCUMULATORS):
+                or self.split < 0 or self.block_n // 128 * self.block_t // 2 > MAX_ACCUMULATORS
+                or (self.rs and not self.word_decode)):
             raise ValueError(f"wgmma config: block_n 128/256, block_t 64/128/256 with at most {MAX_ACCUMULATORS} "
-                             f"accumulators a thread, 3-8 stages, split >= 0; got {self}")
+                             f"accumulators a thread, 3-8 stages, split >= 0, no pair decode under RS (it decodes "
+                             f"its own way); got {self}")
 
     def name(self) -> str:
         return (f"wgmma n{self.block_n} t{self.block_t} s{self.stages} {f'k{self.split}' if self.split else 'stream'}"
@@ -157,19 +159,19 @@ def wgmma_tile_source(dtype: torch.dtype, block_t: int, rs: bool) -> str:
     kind = "bf16" if dtype == torch.bfloat16 else "f16"
     regs = ", ".join(f"%{i}" for i in range(n))
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(n))
-    shape = f"wgmma.mma_async.sync.aligned.m64n{block_t}k16.f32.{kind}.{kind}"
-    if rs:
-        return ("__device__ __forceinline__ void wgmma_tile_rs(float* d, const u32* a, u64 b, int accumulate) {\n"
-                f'    asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{n + 5}, 0;\\n"\n'
-                f'                 "{shape} {{{regs}}}, {{%{n}, %{n + 1}, %{n + 2}, %{n + 3}}}, %{n + 4}, p, 1, 1, 0;'
-                f'\\n}}\\n"\n'
-                f'                 : {outs}\n'
-                '                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));\n}\n')
-    return ("__device__ __forceinline__ void wgmma_tile(float* d, u64 a, u64 b, int accumulate) {\n"
-            f'    asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{n + 2}, 0;\\n"\n'
-            f'                 "{shape} {{{regs}}}, %{n}, %{n + 1}, p, 1, 1, 0, 0;\\n}}\\n"\n'
+    if rs:  # operands after d: a[0..3], b, accumulate; no transpose immediate for a register A
+        a_text = "{" + ", ".join(f"%{n + i}" for i in range(4)) + "}"
+        name, a_param, a_inputs, tail = ("wgmma_tile_rs", "const u32* a",
+                                         '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3])', "1, 1, 0")
+    else:  # a, b, accumulate
+        name, a_param, a_text, a_inputs, tail = "wgmma_tile", "u64 a", f"%{n}", '"l"(a)', "1, 1, 0, 0"
+    b = n + (4 if rs else 1)
+    return (f"__device__ __forceinline__ void {name}(float* d, {a_param}, u64 b, int accumulate) {{\n"
+            f'    asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{b + 1}, 0;\\n"\n'
+            f'                 "wgmma.mma_async.sync.aligned.m64n{block_t}k16.f32.{kind}.{kind} {{{regs}}}, {a_text}, '
+            f'%{b}, p, {tail};\\n}}\\n"\n'
             f'                 : {outs}\n'
-            '                 : "l"(a), "l"(b), "r"(accumulate));\n}\n')
+            f'                 : {a_inputs}, "l"(b), "r"(accumulate));\n}}\n')
 
 
 def kernel_source(dtype: torch.dtype, group: int, cfg: WgmmaConfig, pdl: bool = False) -> str:

@@ -110,7 +110,8 @@ def test_wrapper_and_config_reject_what_the_kernel_cannot_take() -> None:
     qweight, scales, zeros = engine_weights(128, 256, 128, torch.float16)
     with pytest.raises(ValueError, match="CUDA tensors"):
         wgmma_gemm(torch.randn(64, 256, dtype=torch.float16), qweight, scales, zeros, None, WgmmaConfig())
-    for bad in ({"block_n": 64}, {"block_t": 32}, {"block_n": 256, "block_t": 256}, {"stages": 2}, {"split": -1}):
+    for bad in ({"block_n": 64}, {"block_t": 32}, {"block_n": 256, "block_t": 256}, {"stages": 2}, {"split": -1},
+                {"rs": True, "word_decode": False}):
         with pytest.raises(ValueError, match="wgmma config"):
             WgmmaConfig(**bad)
     assert not kernel.supports(WgmmaConfig(256, 128, 4), 4096, 4096, 128)  # 4 stages of 58 KiB: too much
