@@ -191,14 +191,24 @@ struct Work {
     int tile, kt, m0, M, n0;  // output tile, k tile, its first token row and rows, its first channel
 };
 
-__device__ __forceinline__ Work work_at(long long it, int KT, int tiles_m, int rows) {
+__device__ __forceinline__ Work work_of(int tile, int kt, int tiles_m, int rows) {
     Work w;
-    w.tile = (int)(it / KT);
-    w.kt = (int)(it % KT);
-    w.m0 = (w.tile % tiles_m) * BT;
+    w.tile = tile;
+    w.kt = kt;
+    w.m0 = (tile % tiles_m) * BT;
     w.M = rows - w.m0 < BT ? rows - w.m0 : BT;
-    w.n0 = (w.tile / tiles_m) * BN;
+    w.n0 = (tile / tiles_m) * BN;
     return w;
+}
+
+__device__ __forceinline__ Work work_at(long long it, int KT, int tiles_m, int rows) {  // one 64-bit division
+    return work_of((int)(it / KT), (int)(it % KT), tiles_m, rows);
+}
+
+// the iteration after w: the next k tile, or the next tile's first (the producer walks its range this way, with no
+// division in its loop but at a tile's change)
+__device__ __forceinline__ Work next_work(const Work& w, int KT, int tiles_m, int rows) {
+    return w.kt + 1 < KT ? work_of(w.tile, w.kt + 1, tiles_m, rows) : work_of(w.tile + 1, 0, tiles_m, rows);
 }
 
 __device__ __forceinline__ int owner(long long it, long long total) {  // the CTA whose range holds iteration it
@@ -228,18 +238,19 @@ w4a16_wgmma(const u16* __restrict__ x, const u32* __restrict__ qw, const u16* __
 
     if (warpgroup == 0) {  // the producer: copies PREFETCH iterations ahead, dequantizes one ahead of the MMAs
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGISTERS));
-        for (int j = 0; j < PREFETCH && j < count; ++j) {
-            const Work w = work_at(it0 + j, KT, tiles_m, rows);
+        const Work start = work_at(it0, KT, tiles_m, rows);
+        Work w = start;  // the iteration whose copies go out next
+        for (int j = 0; j < PREFETCH && j < count; ++j, w = next_work(w, KT, tiles_m, rows))
             copy_weights(base + j * STAGE_BYTES, qw, scales, zeros, N, w.n0, w.kt);
-        }
 #if PDL
         asm volatile("griddepcontrol.wait;" ::: "memory");
         asm volatile("griddepcontrol.launch_dependents;" :::);
 #endif
+        w = start;
         for (int j = 0; j < PREFETCH; ++j) {
             if (j < count) {
-                const Work w = work_at(it0 + j, KT, tiles_m, rows);
                 copy_x(base + j * STAGE_BYTES, x + (u64)w.m0 * K, w.M, K, w.kt);
+                w = next_work(w, KT, tiles_m, rows);
             }
             commit();
         }
@@ -252,9 +263,9 @@ w4a16_wgmma(const u16* __restrict__ x, const u32* __restrict__ qw, const u16* __
             if (j < count) {
                 const int sj = j % STAGES;
                 if (j >= STAGES) barrier_wait(empty + 8 * sj, ((j / STAGES) & 1) ^ 1);  // iteration j - STAGES read
-                const Work w = work_at(it0 + j, KT, tiles_m, rows);
                 copy_weights(base + sj * STAGE_BYTES, qw, scales, zeros, N, w.n0, w.kt);
                 copy_x(base + sj * STAGE_BYTES, x + (u64)w.m0 * K, w.M, K, w.kt);
+                w = next_work(w, KT, tiles_m, rows);
             }
             commit();  // an empty group past the end keeps the count of pending groups right
             wait_stages<PREFETCH>();  // this thread's copies of iteration i have landed...
