@@ -41,42 +41,7 @@ __device__ __forceinline__ u32 core_offset(int row, int k8) {  // k8: the 8-wide
     return (row >> 3) * CORE_SBO + k8 * CORE_LBO + (row & 7) * 16;
 }
 
-__device__ __forceinline__ void sts128(u32 address, const U4& v) {
-    asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" ::"r"(address), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-                 : "memory");
-}
-
-__device__ __forceinline__ u32 lds32(u32 address) {
-    u32 r;
-    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(r) : "r"(address));
-    return r;
-}
-
-__device__ __forceinline__ u16 lds16(u32 address) {
-    u16 r;
-    asm volatile("ld.shared.u16 %0, [%1];" : "=h"(r) : "r"(address));
-    return r;
-}
-
-// mbarriers: `full` (one producer arrival: a stage's copies, and A unless RS, are ready), `empty` (one arrival
-// per consumer warpgroup: its reads of the stage are over)
-__device__ __forceinline__ void barrier_init(u32 address, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(address), "r"(count) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(u32 address) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(address) : "memory");
-}
-
-__device__ __forceinline__ void barrier_wait(u32 address, int parity) {
-    asm volatile("{\n.reg .pred done;\nWAIT_%=:\nmbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-                 "@!done bra WAIT_%=;\n}" ::"r"(address), "r"(parity) : "memory");
-}
-
 __device__ __forceinline__ void producers_sync() { asm volatile("bar.sync 1, 128;" ::: "memory"); }
-
-// this thread's generic-proxy writes of shared memory (st.shared, cp.async) ordered before async-proxy reads (wgmma)
-__device__ __forceinline__ void fence_async_proxy() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 // a shared-memory matrix descriptor: start address, leading (k) and stride (row) byte offsets, no swizzle
 __device__ __forceinline__ u64 matrix_descriptor(u32 address) {
@@ -220,7 +185,9 @@ w4a16_wgmma(const u16* __restrict__ x, const u32* __restrict__ qw, const u16* __
             const u16* __restrict__ zeros, const u16* __restrict__ bias, u16* __restrict__ out,
             float* __restrict__ ws, int* __restrict__ counters, int rows, int N, int K, int has_bias) {
     extern __shared__ __align__(1024) char smem[];
-    __shared__ __align__(8) u64 barriers[2 * STAGES];  // full[s], then empty[s]
+    // mbarriers: full[s] (one producer arrival: a stage's copies, and A unless RS, are ready), then empty[s] (one
+    // arrival per consumer warpgroup: its reads of the stage are over)
+    __shared__ __align__(8) u64 barriers[2 * STAGES];
     const int KT = K / BK, tiles_m = (rows + BT - 1) / BT;
     const long long total = (long long)tiles_m * (N / BN) * KT;
     const long long it0 = blockIdx.x * total / gridDim.x;
