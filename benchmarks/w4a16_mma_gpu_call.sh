@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 OUT="${OUT:-$PWD/out}"
-step="${1:?usage: w4a16_mma_gpu_call.sh probe [flags] | decode}"
+step="${1:?usage: w4a16_mma_gpu_call.sh probe [flags] | decode | serve}"
 shift
 case "$step" in
 probe)
@@ -29,8 +29,21 @@ decode)
             --no-peer --no-gpt-fast --batch-sizes 1,16,64 2>&1 | tee "$OUT/$variant/log.txt" | tail -12
     done
     ;;
+serve)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        .peers/lmdeploy-pt-0.18/wheels/*.whl
+    export PYTHONPATH=/tmp/site
+    mkdir -p "$OUT/fp16" "$OUT/int4"
+    echo "== fp16, lmd"
+    python3 benchmarks/serving_workloads.py --workloads real --models llama2-7b --no-peer --hf-requests 0 \
+        --lengths .peers/serving_lengths.json --budget-s 130 --out "$OUT/fp16" 2>&1 | tee "$OUT/fp16/log.txt" | tail -8
+    echo "== int4, lmd with LMD_W4A16_CUDA=1, and LMDeploy AWQ"
+    LMD_W4A16_CUDA=1 python3 benchmarks/serving_workloads.py --workloads real --models llama2-7b-int4 \
+        --hf-requests 0 --lengths .peers/serving_lengths.json --peers .peers --budget-s 380 --peer-timeout 250 \
+        --out "$OUT/int4" 2>&1 | tee "$OUT/int4/log.txt" | tail -12
+    ;;
 *)
-    echo "unknown step $step: probe or decode" >&2
+    echo "unknown step $step: probe, decode or serve" >&2
     exit 2
     ;;
 esac
