@@ -73,13 +73,21 @@ class Family:
 SHAPES_CHECKED = ((256, 1024, 128), (128, 512, 64), (256, 768, 32), (4096, 4096, 128), (512, 11008, 128))
 
 def progress(kernel: str, dtype: torch.dtype, n: int, k: int, group: int) -> None:
-    """A line as each check shape starts (the output of a call that hangs ends at the kernel and shape that did),
-    and a Python traceback of every thread if nothing moves for 3 minutes."""
-    import faulthandler
-
+    """A line as each check shape starts (the output of a call that hangs ends at the kernel and shape that did)."""
     torch.cuda.synchronize()
     print(f"  checking {kernel} {str(dtype)[6:]} n{n} k{k} g{group} at {time.time() - STARTED:.0f} s", flush=True)
-    faulthandler.dump_traceback_later(180, exit=False)
+    watchdog()
+
+
+def watchdog() -> None:
+    """(Re)arms the hang guard: if nothing re-arms it for HANG_S, every thread's traceback is printed and the
+    process exits, so that a kernel that never ends costs the device call minutes, not the rest of its limit."""
+    import faulthandler
+
+    faulthandler.dump_traceback_later(HANG_S, exit=True)
+
+
+HANG_S = 150
 
 
 STARTED = time.time()
@@ -260,6 +268,7 @@ def bench(n: int, k: int, ms: list[int], group: int, quick: bool, chosen: set[st
     fp16_w = [w.clone() for _ in range(max(4, min(copies, -(-256 * 2**20 // (n * k * 2)))))]
     rows = []
     for m in ms:
+        watchdog()
         x = torch.randn(m, k, device=dev, dtype=torch.float16)
         t_fp16 = graph_us([lambda wi=wi, x=x: F.linear(x, wi) for wi in fp16_w])
         plan = plan_for(m, qw, s, z, torch.float16)
@@ -348,12 +357,16 @@ def main() -> None:
     for f in failures[:30]:
         print("  FAIL " + f)
     rows = []
-    if not args.no_bench:
-        for shape in args.shapes.split(","):
-            n, k = (int(v) for v in shape.split("x"))
-            rows += bench(n, k, [int(v) for v in args.ms.split(",")], args.group, args.quick, chosen)
     out = Path(os.environ.get("OUT", "."), "w4a16_mma_probe.json")
     out.write_text(json.dumps(dict(gpu=props.name, cases=cases, failures=failures, rows=rows), indent=1))
+    if not args.no_bench:
+        for shape in args.shapes.split(","):  # written after each shape: a call cut short keeps what it timed
+            n, k = (int(v) for v in shape.split("x"))
+            rows += bench(n, k, [int(v) for v in args.ms.split(",")], args.group, args.quick, chosen)
+            out.write_text(json.dumps(dict(gpu=props.name, cases=cases, failures=failures, rows=rows), indent=1))
+    import faulthandler
+
+    faulthandler.cancel_dump_traceback_later()
     print(f"\nmma.sync W4A16 g{args.group}, {props.name}: µs per call (graph, cold weights)")
     print(f"{'N x K':12s} {'M':>4s} {'fp16':>7s} {'plan':>7s} {'gemv':>7s} {'gemm':>7s} {'wgmma':>7s} {'x fp16':>7s} "
           f"{'x plan':>7s}  best config")
