@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 OUT="${OUT:-$PWD/out}"
-step="${1:?usage: w4a16_mma_gpu_call.sh probe [flags] | decode | serve}"
+step="${1:?usage: w4a16_mma_gpu_call.sh probe [flags] | decode | serve | steps}"
 shift
 case "$step" in
 probe)
@@ -42,8 +42,18 @@ serve)
         --hf-requests 0 --lengths .peers/serving_lengths.json --peers .peers --budget-s 380 --peer-timeout 250 \
         --out "$OUT/int4" 2>&1 | tee "$OUT/int4/log.txt" | tail -12
     ;;
+steps)
+    for run in "16 1 1" "16 0 1" "1 1 0" "1 0 0"; do
+        read -r batch cuda pdl <<<"$run"
+        name="b${batch}_cuda${cuda}_pdl${pdl}"
+        mkdir -p "$OUT/$name"
+        echo "== batch $batch, LMD_W4A16_CUDA=$cuda, LMD_PDL=$pdl"
+        LMD_W4A16_CUDA=$cuda LMD_PDL=$pdl OUT="$OUT/$name" python3 benchmarks/decode_step_kernels.py --weights int4 \
+            --batch "$batch" --contexts 128 --steps 10 2>&1 | grep -E "graph replay|^  GEMM|w4a16|_gemv|wt_|gemm" | head -8
+    done
+    ;;
 *)
-    echo "unknown step $step: probe, decode or serve" >&2
+    echo "unknown step $step: probe, decode, serve or steps" >&2
     exit 2
     ;;
 esac
