@@ -39,7 +39,8 @@ def write_table(rows: list[dict], gpu: str, out: Path) -> Path:
     path = out / shipped.table_file(gpu).name
     shapes = ",".join(dict.fromkeys(f"{r['n']}x{r['k']}" for r in rows))
     source = f"benchmarks/w4a16_tune.py --shapes {shapes}"
-    opt_in = list(shipped.OPT_IN_FAMILIES) if mma_gemv.enabled(torch.device("cuda")) else []
+    cuda = mma_gemv.cuda_kernels(torch.device("cuda"))
+    opt_in = {"none": [], "gemv": ["mma-gemv"], "all": list(shipped.OPT_IN_FAMILIES)}[cuda]
     path.write_text(shipped.table_json(gpu, triton.__version__, source, plans, opt_in))
     return path
 

@@ -9,13 +9,13 @@ On CUDA tensors with Triton present (or under TRITON_INTERPRET=1) the token coun
                    nibbles decoded straight into the MMA fragment ("frag")
                                                        (w4a16_gemm_wt; the usual winner from M = 2 to 128)
     M >= 128    -> Triton dequant, then cuBLAS         (w4a16_dequant)
-    M <= 128    -> warp-level mma.sync GEMV in CUDA C++ (NVRTC)  (w4a16_mma_gemv)
+    M <= 16     -> warp-level mma.sync GEMV in CUDA C++ (NVRTC)  (w4a16_mma_gemv; up to 128 with LMD_W4A16_CUDA=1)
     M >= 16     -> warp-level mma.sync GEMM in CUDA C++, a cp.async pipeline through shared memory
-                                                       (w4a16_mma_gemm)
+                                                       (w4a16_mma_gemm; with LMD_W4A16_CUDA=1)
     M >= 64     -> warpgroup wgmma GEMM in CUDA C++ (sm_90a), a producer warpgroup dequantizing into shared memory
-                   beside two consumer warpgroups      (w4a16_wgmma)
-                   (the three CUDA kernels opt-in with LMD_W4A16_CUDA=1 until they have run on a GPU)
-and the measured fastest wins (H200 figures: docs/benchmarks.md). fp16/bf16 activations; other dtypes, CPU tensors
+                   beside two consumer warpgroups      (w4a16_wgmma; with LMD_W4A16_CUDA=1)
+                   (LMD_W4A16_CUDA=0 offers none of the CUDA kernels: w4a16_mma_gemv.cuda_kernels)
+and the measured fastest wins (H200, H100: docs/benchmarks.md). fp16/bf16 activations; other dtypes, CPU tensors
 and machines without Triton take the PyTorch reference. On a GPU the plan of each (bucket, N, K, group, dtype) is
 autotuned once by timing the candidates and cached; `prewarm` does this for every bucket up to max_m, compiles the
 kernels and grows the split-K workspace, so that a CUDA graph capture afterwards never tunes, compiles or allocates.
@@ -220,8 +220,11 @@ def candidates(bucket: int, n: int, k: int, group: int, device: torch.device) ->
     if bucket >= 128:
         out.append(DequantConfig())
         out.append(DequantConfig(block_k8=8, block_n=256, num_warps=8))
-    if w4a16_mma_gemv.enabled(device):
-        out.extend(w4a16_mma_gemv.tuner_configs(bucket, n, k, group))
+    cuda = w4a16_mma_gemv.cuda_kernels(device)
+    if cuda != "none":
+        max_rows = w4a16_mma_gemv.MAX_ROWS if cuda == "all" else w4a16_mma_gemv.DEFAULT_ROWS
+        out.extend(w4a16_mma_gemv.tuner_configs(bucket, n, k, group, max_rows))
+    if cuda == "all":
         out.extend(w4a16_mma_gemm.tuner_configs(bucket, n, k, group, sms))
     if w4a16_wgmma.enabled(device):
         out.extend(w4a16_wgmma.tuner_configs(bucket, n, k, group))

@@ -83,14 +83,24 @@ def supports(n: int, k: int, group: int) -> bool:
     return n % BLOCK_N == 0 and group in GROUPS and k % group == 0
 
 
-def enabled(device: torch.device) -> bool:
-    """Whether the tuner offers lmd's CUDA C++ W4A16 kernels (this GEMV, the mma.sync GEMM, and on sm_90 the wgmma
-    GEMM): opt-in (`LMD_W4A16_CUDA=1`) until they have passed `benchmarks/w4a16_mma_probe.py` on a GPU, on CUDA
-    devices where NVRTC works."""
-    return os.environ.get("LMD_W4A16_CUDA") == "1" and device.type == "cuda" and nvrtc.available()
+def cuda_kernels(device: torch.device) -> str:
+    """Which of lmd's CUDA C++ W4A16 kernels the tuner offers on `device`, from `LMD_W4A16_CUDA`:
+    - unset: "gemv", this GEMV for buckets up to DEFAULT_ROWS, where the GPU measured it ahead of the Triton plans
+      (1.07-1.9x at 1-16 rows on the Llama-7B shapes; docs/benchmarks.md, twenty-third session);
+    - "1": "all", also this GEMV up to MAX_ROWS, the mma.sync GEMM and on sm_90 the wgmma GEMM. They pass every check
+      on the GPU but are behind the Triton plans and dequantize+cuBLAS from 32 rows, so they are there to be measured;
+    - "0", a device that is not CUDA, or no NVRTC: "none"."""
+    setting = os.environ.get("LMD_W4A16_CUDA", "")
+    if setting not in ("", "0", "1"):
+        raise ValueError(f"LMD_W4A16_CUDA={setting!r}: 0 (none of the CUDA W4A16 kernels), 1 (all of them) or unset "
+                         "(the mma.sync GEMV up to 16 rows)")
+    if setting == "0" or device.type != "cuda" or not nvrtc.available():
+        return "none"
+    return "all" if setting == "1" else "gemv"
 
 
 MAX_ROWS = 128  # token tiles re-read the weights (from L2 at best): past 4 tiles the tensor-core GEMMs win
+DEFAULT_ROWS = 16  # offered up to here by default: from 32 rows the Triton plans are ahead (cuda_kernels)
 
 
 def launch_shape(cfg: MmaGemvConfig, m: int, n: int, k: int, group: int) -> tuple[int, int, int]:
@@ -98,9 +108,9 @@ def launch_shape(cfg: MmaGemvConfig, m: int, n: int, k: int, group: int) -> tupl
     return -(-m // cfg.block_m), n // BLOCK_N, -(-(k // group) // (cfg.warps * cfg.groups_per_warp))
 
 
-def tuner_configs(bucket: int, n: int, k: int, group: int) -> list[MmaGemvConfig]:
-    """The configs the tuner times for one bucket of up to MAX_ROWS rows."""
-    if bucket > MAX_ROWS or not supports(n, k, group):
+def tuner_configs(bucket: int, n: int, k: int, group: int, max_rows: int = MAX_ROWS) -> list[MmaGemvConfig]:
+    """The configs the tuner times for one bucket of up to max_rows (at most MAX_ROWS) rows."""
+    if bucket > min(max_rows, MAX_ROWS) or not supports(n, k, group):
         return []
     block_m = next((b for b in BLOCK_MS if b >= bucket), BLOCK_MS[-1])
     return [MmaGemvConfig(block_m, warps, per_warp, prefetch) for warps in (2, 4, 8) for per_warp in (1, 2, 4)

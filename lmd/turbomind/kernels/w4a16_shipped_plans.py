@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 TABLES = Path(__file__).with_name("w4a16_plans")
-# families the tuner offers only when asked to (w4a16_mma_gemv.enabled)
+# the CUDA C++ families, offered or not by LMD_W4A16_CUDA (w4a16_mma_gemv.cuda_kernels): a table records which of them
+# its tuning offered
 OPT_IN_FAMILIES = ("mma-gemv", "mma-gemm", "wgmma")
 
 

@@ -95,10 +95,11 @@ def supports(cfg: WgmmaConfig, n: int, k: int, group: int) -> bool:
 
 
 def enabled(device: torch.device) -> bool:
-    """Offered to the tuner where the mma.sync kernels are (opt-in, `w4a16_mma_gemv.enabled`) on sm_90 devices."""
+    """Offered to the tuner with all of lmd's CUDA W4A16 kernels (`LMD_W4A16_CUDA=1`, `w4a16_mma_gemv.cuda_kernels`)
+    on sm_90 devices."""
     from lmd.turbomind.kernels import w4a16_mma_gemv
 
-    return (w4a16_mma_gemv.enabled(device) and torch.cuda.is_available()
+    return (w4a16_mma_gemv.cuda_kernels(device) == "all" and torch.cuda.is_available()
             and torch.cuda.get_device_capability(device) == (9, 0))
 
 

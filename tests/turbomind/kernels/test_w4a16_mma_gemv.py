@@ -104,10 +104,12 @@ def test_wrapper_rejects_what_the_kernel_cannot_take() -> None:
 
 
 def test_cpu_machines_neither_compile_nor_offer_it(monkeypatch) -> None:
-    monkeypatch.setenv("LMD_W4A16_CUDA", "1")
     if torch.cuda.is_available():
         pytest.skip("a CUDA machine")
-    assert not nvrtc.available() and not kernel.enabled(torch.device("cpu"))
+    for setting in ("", "1"):
+        monkeypatch.setenv("LMD_W4A16_CUDA", setting)
+        assert kernel.cuda_kernels(torch.device("cpu")) == "none"
+    assert not nvrtc.available()
     with pytest.raises(nvrtc.NvrtcUnavailable):
         nvrtc.compile_kernel(kernel.SOURCE, "w4a16_mma_gemv", 0)
 
@@ -121,13 +123,34 @@ def test_tuner_configs_cover_buckets_up_to_128() -> None:
     assert len({c.name() for c in configs}) == len(configs) > 10
 
 
-def test_the_dispatcher_offers_it_only_when_enabled(monkeypatch) -> None:
+def test_the_setting_picks_the_cuda_kernels(monkeypatch) -> None:
+    """Unset: the GEMV; 1: all three; 0: none; anything else is an error naming the choices (on a CUDA device with
+    NVRTC, here stood in for)."""
+    monkeypatch.setattr(nvrtc, "available", lambda: True)
+    cuda = torch.device("cuda", 0)
+    monkeypatch.delenv("LMD_W4A16_CUDA", raising=False)
+    assert kernel.cuda_kernels(cuda) == "gemv"
+    for setting, want in (("", "gemv"), ("1", "all"), ("0", "none")):
+        monkeypatch.setenv("LMD_W4A16_CUDA", setting)
+        assert kernel.cuda_kernels(cuda) == want
+    monkeypatch.setenv("LMD_W4A16_CUDA", "yes")
+    with pytest.raises(ValueError, match="0 .*1 .*unset"):
+        kernel.cuda_kernels(cuda)
+
+
+def test_the_dispatcher_offers_it_up_to_16_rows_by_default_and_to_128_with_all(monkeypatch) -> None:
     pytest.importorskip("triton")
     from lmd.turbomind.kernels import w4a16
 
     cpu = torch.device("cpu")
-    assert not any(isinstance(p, MmaGemvConfig) for p in w4a16.candidates(8, 4096, 4096, 128, cpu))
-    monkeypatch.setattr(kernel, "enabled", lambda device: True)
-    offered = [p for p in w4a16.candidates(8, 4096, 4096, 128, cpu) if isinstance(p, MmaGemvConfig)]
-    assert offered == kernel.tuner_configs(8, 4096, 4096, 128)
-    assert not any(isinstance(p, MmaGemvConfig) for p in w4a16.candidates(256, 4096, 4096, 128, cpu))
+
+    def offered(bucket: int) -> list:
+        return [p for p in w4a16.candidates(bucket, 4096, 4096, 128, cpu) if isinstance(p, MmaGemvConfig)]
+
+    assert not offered(8)
+    monkeypatch.setattr(kernel, "cuda_kernels", lambda device: "gemv")
+    assert offered(8) == kernel.tuner_configs(8, 4096, 4096, 128) and offered(16)
+    assert not offered(32)
+    monkeypatch.setattr(kernel, "cuda_kernels", lambda device: "all")
+    assert offered(32) == kernel.tuner_configs(32, 4096, 4096, 128) and offered(128)
+    assert not offered(256)

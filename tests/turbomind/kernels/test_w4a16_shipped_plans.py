@@ -39,7 +39,9 @@ def test_every_shipped_plan_is_a_current_candidate(monkeypatch) -> None:
         assert shipped.table_file(table["gpu"]).exists()
         monkeypatch.setattr(w4a16, "_sms", lambda device, gpu=table["gpu"]: SMS[gpu])
         # the opt-in families its tuning offered are offered here too
-        monkeypatch.setattr(w4a16.w4a16_mma_gemv, "enabled", lambda device, t=table: "mma-gemv" in t.get("opt_in", []))
+        offered = set(table.get("opt_in", []))
+        monkeypatch.setattr(w4a16.w4a16_mma_gemv, "cuda_kernels", lambda device, o=offered: "all" if "wgmma" in o
+                            else "gemv" if o else "none")
         for key, name in table["plans"].items():
             bucket, n, k, group = (int(part[1:]) for part in key.split()[:4])
             names = [plan.name() for plan in w4a16.candidates(bucket, n, k, group, CUDA)]
@@ -122,7 +124,7 @@ def test_opt_in_candidates_are_tuned_against_the_tables_winner_alone(tmp_path, m
     from lmd.turbomind.kernels import w4a16_mma_gemv
 
     key = w4a16.PlanKey(16, 12288, 4096, 128, torch.float16, "cuda:0")
-    monkeypatch.setattr(w4a16_mma_gemv, "enabled", lambda device: True)
+    monkeypatch.setattr(w4a16_mma_gemv, "cuda_kernels", lambda device: "all")
     winner = tables()[0]["plans"]["m16 n12288 k4096 g128 float16"]
     timed = []
 
