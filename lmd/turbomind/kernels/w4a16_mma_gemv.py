@@ -89,12 +89,13 @@ def cuda_kernels(device: torch.device) -> str:
       (1.07-1.9x at 1-16 rows on the Llama-7B shapes; docs/benchmarks.md, twenty-third session);
     - "1": "all", also this GEMV up to MAX_ROWS, the mma.sync GEMM and on sm_90 the wgmma GEMM. They pass every check
       on the GPU but are behind the Triton plans and dequantize+cuBLAS from 32 rows, so they are there to be measured;
-    - "0", a device that is not CUDA, or no NVRTC: "none"."""
+    - "0", a device that is not CUDA or is older than sm_80 (mma.sync m16n8k16 and cp.async), or no NVRTC: "none"."""
     setting = os.environ.get("LMD_W4A16_CUDA", "")
     if setting not in ("", "0", "1"):
         raise ValueError(f"LMD_W4A16_CUDA={setting!r}: 0 (none of the CUDA W4A16 kernels), 1 (all of them) or unset "
                          "(the mma.sync GEMV up to 16 rows)")
-    if setting == "0" or device.type != "cuda" or not nvrtc.available():
+    if (setting == "0" or device.type != "cuda" or not nvrtc.available()
+            or torch.cuda.get_device_capability(device) < (8, 0)):
         return "none"
     return "all" if setting == "1" else "gemv"
 

@@ -124,15 +124,21 @@ def test_tuner_configs_cover_buckets_up_to_128() -> None:
 
 
 def test_the_setting_picks_the_cuda_kernels(monkeypatch) -> None:
-    """Unset: the GEMV; 1: all three; 0: none; anything else is an error naming the choices (on a CUDA device with
-    NVRTC, here stood in for)."""
+    """Unset: the GEMV; 1: all three; 0: none; anything else is an error naming the choices (on an sm_90 device with
+    NVRTC, here stood in for); before sm_80 (no m16n8k16 MMA, no cp.async) none."""
     monkeypatch.setattr(nvrtc, "available", lambda: True)
+    capability = [(9, 0)]
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability[0])
     cuda = torch.device("cuda", 0)
     monkeypatch.delenv("LMD_W4A16_CUDA", raising=False)
     assert kernel.cuda_kernels(cuda) == "gemv"
     for setting, want in (("", "gemv"), ("1", "all"), ("0", "none")):
         monkeypatch.setenv("LMD_W4A16_CUDA", setting)
         assert kernel.cuda_kernels(cuda) == want
+    capability[0] = (7, 5)
+    assert kernel.cuda_kernels(cuda) == "none"
+    monkeypatch.setenv("LMD_W4A16_CUDA", "1")
+    assert kernel.cuda_kernels(cuda) == "none"
     monkeypatch.setenv("LMD_W4A16_CUDA", "yes")
     with pytest.raises(ValueError, match="0 .*1 .*unset"):
         kernel.cuda_kernels(cuda)
