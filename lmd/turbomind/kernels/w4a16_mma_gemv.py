@@ -53,6 +53,7 @@ from pathlib import Path
 
 import torch
 
+from lmd.errors import LmdError
 from lmd.turbomind.kernels import nvrtc
 
 BLOCK_N = 64  # output channels per CTA (a warp's four 16-row A tiles)
@@ -92,7 +93,7 @@ def cuda_kernels(device: torch.device) -> str:
     - "0", a device that is not CUDA or is older than sm_80 (mma.sync m16n8k16 and cp.async), or no NVRTC: "none"."""
     setting = os.environ.get("LMD_W4A16_CUDA", "")
     if setting not in ("", "0", "1"):
-        raise ValueError(f"LMD_W4A16_CUDA={setting!r}: 0 (none of the CUDA W4A16 kernels), 1 (all of them) or unset "
+        raise LmdError(f"LMD_W4A16_CUDA={setting!r}: 0 (none of the CUDA W4A16 kernels), 1 (all of them) or unset "
                          "(the mma.sync GEMV up to 16 rows)")
     if (setting == "0" or device.type != "cuda" or not nvrtc.available()
             or torch.cuda.get_device_capability(device) < (8, 0)):

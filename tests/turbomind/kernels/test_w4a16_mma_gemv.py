@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lmd.errors import LmdError
 from lmd.turbomind.kernels import nvrtc
 from lmd.turbomind.kernels import w4a16_mma_gemv as kernel
 from lmd.turbomind.kernels.w4a16_layout import unpack_codes_along_k, w4a16_matmul_reference
@@ -140,7 +141,7 @@ def test_the_setting_picks_the_cuda_kernels(monkeypatch) -> None:
     monkeypatch.setenv("LMD_W4A16_CUDA", "1")
     assert kernel.cuda_kernels(cuda) == "none"
     monkeypatch.setenv("LMD_W4A16_CUDA", "yes")
-    with pytest.raises(ValueError, match="0 .*1 .*unset"):
+    with pytest.raises(LmdError, match="0 .*1 .*unset"):
         kernel.cuda_kernels(cuda)
 
 
