@@ -19,6 +19,7 @@ Writes $OUT/w4a16_mma_probe.json and prints a table last.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import sys
@@ -55,6 +56,9 @@ WGMMA_CHECKS = (WgmmaConfig(128, 64, 3), WgmmaConfig(128, 128, 4, 2), WgmmaConfi
                 WgmmaConfig(128, 256, 4, 1, False), WgmmaConfig(256, 64, 3, 3), WgmmaConfig(128, 64, 6, 0),
                 WgmmaConfig(128, 128, 6, 0, rs=True), WgmmaConfig(256, 128, 4, 1, rs=True),
                 WgmmaConfig(128, 64, 6, 2, rs=True))
+SHAPES_CHECKED = ((256, 1024, 128), (128, 512, 64), (256, 768, 32), (4096, 4096, 128), (512, 11008, 128))
+HANG_S = 150  # seconds without a progress line after which the probe ends itself (`watchdog`)
+STARTED = time.time()
 
 
 @dataclass(frozen=True)
@@ -70,8 +74,6 @@ class Family:
     replay_rows: int
 
 
-SHAPES_CHECKED = ((256, 1024, 128), (128, 512, 64), (256, 768, 32), (4096, 4096, 128), (512, 11008, 128))
-
 def progress(kernel: str, dtype: torch.dtype, n: int, k: int, group: int) -> None:
     """A line as each check shape starts (the output of a call that hangs ends at the kernel and shape that did)."""
     torch.cuda.synchronize()
@@ -82,15 +84,7 @@ def progress(kernel: str, dtype: torch.dtype, n: int, k: int, group: int) -> Non
 def watchdog() -> None:
     """(Re)arms the hang guard: if nothing re-arms it for HANG_S, every thread's traceback is printed and the
     process exits, so that a kernel that never ends costs the device call minutes, not the rest of its limit."""
-    import faulthandler
-
     faulthandler.dump_traceback_later(HANG_S, exit=True)
-
-
-HANG_S = 150
-
-
-STARTED = time.time()
 
 
 def gemv_checks(m: int) -> list[MmaGemvConfig]:
@@ -364,8 +358,6 @@ def main() -> None:
             n, k = (int(v) for v in shape.split("x"))
             rows += bench(n, k, [int(v) for v in args.ms.split(",")], args.group, args.quick, chosen)
             out.write_text(json.dumps(dict(gpu=props.name, cases=cases, failures=failures, rows=rows), indent=1))
-    import faulthandler
-
     faulthandler.cancel_dump_traceback_later()
     print(f"\nmma.sync W4A16 g{args.group}, {props.name}: µs per call (graph, cold weights)")
     print(f"{'N x K':12s} {'M':>4s} {'fp16':>7s} {'plan':>7s} {'gemv':>7s} {'gemm':>7s} {'wgmma':>7s} {'x fp16':>7s} "

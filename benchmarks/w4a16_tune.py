@@ -40,6 +40,8 @@ def write_table(rows: list[dict], gpu: str, out: Path) -> Path:
     shapes = ",".join(dict.fromkeys(f"{r['n']}x{r['k']}" for r in rows))
     source = f"benchmarks/w4a16_tune.py --shapes {shapes}"
     cuda = mma_gemv.cuda_kernels(torch.device("cuda"))
+    # by family: under the default the GEMV was offered up to 16 rows only, so a table tuned so never judges it past
+    # 16 rows (where it loses; docs/benchmarks.md, twenty-third session)
     opt_in = {"none": [], "gemv": ["mma-gemv"], "all": list(shipped.OPT_IN_FAMILIES)}[cuda]
     path.write_text(shipped.table_json(gpu, triton.__version__, source, plans, opt_in))
     return path

@@ -94,12 +94,10 @@ def supports(cfg: WgmmaConfig, n: int, k: int, group: int) -> bool:
             and shared_bytes(cfg, group) <= SHARED_LIMIT)
 
 
-def enabled(device: torch.device) -> bool:
-    """Offered to the tuner with all of lmd's CUDA W4A16 kernels (`LMD_W4A16_CUDA=1`, `w4a16_mma_gemv.cuda_kernels`)
-    on sm_90 devices."""
-    from lmd.turbomind.kernels import w4a16_mma_gemv
-
-    return (w4a16_mma_gemv.cuda_kernels(device) == "all" and torch.cuda.is_available()
+def runs_on(device: torch.device) -> bool:
+    """An sm_90 device (wgmma and setmaxnreg are sm_90a's). The tuner offers the kernel there with all of lmd's CUDA
+    W4A16 kernels (`LMD_W4A16_CUDA=1`, `w4a16_mma_gemv.cuda_kernels`)."""
+    return (device.type == "cuda" and torch.cuda.is_available()
             and torch.cuda.get_device_capability(device) == (9, 0))
 
 

@@ -145,8 +145,11 @@ def test_the_dispatcher_offers_it_only_when_enabled(monkeypatch) -> None:
 
     cpu = torch.device("cpu")
     assert not any(isinstance(p, WgmmaConfig) for p in w4a16.candidates(256, 4096, 4096, 128, cpu))
+    monkeypatch.setattr(kernel, "runs_on", lambda device: True)
+    assert not any(isinstance(p, WgmmaConfig) for p in w4a16.candidates(256, 4096, 4096, 128, cpu))
+    monkeypatch.setattr(w4a16_mma_gemv, "cuda_kernels", lambda device: "gemv")  # the default: the GEMV alone
+    assert not any(isinstance(p, WgmmaConfig) for p in w4a16.candidates(256, 4096, 4096, 128, cpu))
     monkeypatch.setattr(w4a16_mma_gemv, "cuda_kernels", lambda device: "all")
-    monkeypatch.setattr(kernel, "enabled", lambda device: True)
     offered = [p for p in w4a16.candidates(256, 4096, 4096, 128, cpu) if isinstance(p, WgmmaConfig)]
     assert offered == kernel.tuner_configs(256, 4096, 4096, 128)
 
