@@ -33,6 +33,7 @@ from engine import LLAMA2_7B, SHAPE_KEYS, build_workspace  # noqa: E402
 from lmd.turbomind.engine import Engine  # noqa: E402
 from lmd.turbomind.gen_config import GenerationConfig  # noqa: E402
 from lmd.turbomind.kernels import dense_gemv_plan as dense_plan  # noqa: E402
+from lmd.turbomind.kernels import w4a16  # noqa: E402
 
 SHAPES = {"llama2-7b": LLAMA2_7B,  # Llama-3-8B: 32 heads / 8 KV heads, vocab 128256
           "llama3-8b": dict(zip(SHAPE_KEYS, (4096, 14336, 32, 32, 8), strict=True), vocab_size=128256)}
@@ -79,7 +80,29 @@ def admit_prompt(engine: Engine, tokens: int) -> None:
         engine.generate(torch.randint(3, vocab, (tokens,)).tolist(), gen)
 
 
-def kernel_profile(engine: Engine, steps: int, prefill: int) -> dict[str, float]:
+W4A16_KERNELS = ("_gemv_kernel", "_wt_kernel", "_gemm_kernel")  # Triton; lmd's CUDA ones start with "w4a16_"
+LINEARS = ("qkv", "o", "gate+up", "down")  # a layer's W4A16 linears in launch order
+
+
+def is_w4a16(name: str) -> bool:
+    return name in W4A16_KERNELS or name.startswith("w4a16_")
+
+
+def w4a16_by_linear(events: list) -> dict[str, dict[str, float]]:
+    """The W4A16 kernels of the profile in launch order, one per linear (at decode batch sizes each linear is one
+    kernel, split-K joined inside it), assigned to LINEARS by position: µs per call (median) and the kernel's name."""
+    calls = sorted((e for e in events if e.device_type.name == "CUDA" and is_w4a16(e.name)),
+                   key=lambda e: e.time_range.start)
+    out = {}
+    for i, linear in enumerate(LINEARS):
+        mine = calls[i::len(LINEARS)]
+        if mine:
+            us = sorted(e.time_range.elapsed_us() for e in mine)
+            out[linear] = {"us": us[len(us) // 2], "calls": len(us), "kernels": sorted({e.name for e in mine})}
+    return out
+
+
+def kernel_profile(engine: Engine, steps: int, prefill: int) -> tuple[dict[str, float], dict[str, dict]]:
     from torch.profiler import ProfilerActivity, profile
 
     admit_prompt(engine, prefill)  # a first mixed step outside the profile (new shapes, compiles)
@@ -94,7 +117,7 @@ def kernel_profile(engine: Engine, steps: int, prefill: int) -> dict[str, float]
     for avg in prof.key_averages():
         if avg.device_type.name == "CUDA":  # kernels and memcpys
             per_kernel[avg.key] += avg.self_device_time_total / 1e3 / steps  # us -> ms per step
-    return dict(sorted(per_kernel.items(), key=lambda kv: -kv[1]))
+    return dict(sorted(per_kernel.items(), key=lambda kv: -kv[1])), w4a16_by_linear(list(prof.events()))
 
 
 def graph_step_ms(engine: Engine, steps: int) -> float:
@@ -135,9 +158,11 @@ def main() -> None:
         ws = build_workspace(Path(tmp, "ws"), SHAPES[args.shape], args.weights == "int4", 2048, torch.device(device))
         for context in contexts:
             engine = decoding_engine(ws, args, context, cuda_graph=False, device=device)
-            kernels = kernel_profile(engine, args.steps, args.prefill)
+            kernels, by_linear = kernel_profile(engine, args.steps, args.prefill)
             results["dense_plans"] = {f"{rows} rows {n}x{k} {dtype}": timings
                                       for (rows, n, k, dtype), timings in dense_plan.TUNE_LOG.items()}
+            results["w4a16_plans"] = {f"{key.bucket} rows {key.n}x{key.k}": sorted(timings, key=lambda t: t[1])
+                                      for key, timings in w4a16.TUNE_LOG.items()}
             engine.close()
             del engine  # its weights and KV pool go before the next engine sizes its own
             gc.collect()
@@ -154,7 +179,8 @@ def main() -> None:
             for name, ms in kernels.items():
                 groups[group_of(name)] += ms
             results["contexts"][context] = {"graph_replay_ms": replay, "kernel_sum_ms": sum(kernels.values()),
-                                            "groups_ms": dict(groups), "kernels_ms": kernels}
+                                            "groups_ms": dict(groups), "kernels_ms": kernels,
+                                            "w4a16_by_linear": by_linear}
     Path(os.environ.get("OUT", "."), "decode_step_kernels.json").write_text(json.dumps(results, indent=1))
     for context, r in results["contexts"].items():
         kv = "int8" if args.quant_policy == 4 else "fp16"
@@ -166,11 +192,20 @@ def main() -> None:
             print(f"  {group:20} {ms:8.3f}")
         for name, ms in list(r["kernels_ms"].items())[: args.top]:
             print(f"    {ms:8.3f}  {name[:110]}")
+        for linear, v in r["w4a16_by_linear"].items():
+            print(f"  w4a16 {linear:8} {v['us']:7.1f} µs a call (median of {v['calls']}), {', '.join(v['kernels'])}")
     print("\nskinny-GEMM planner, µs per call as timed at load (cuBLAS, then the best candidate; empty: plans from the "
           "disk cache)")
     for shape, timings in results.get("dense_plans", {}).items():
         best = min((t for t in timings.items() if t[0] != "cublas"), key=lambda t: t[1], default=("-", float("nan")))
         print(f"  {shape:28} cuBLAS {timings['cublas'] * 1e3:7.2f}   {best[0]:32} {best[1] * 1e3:7.2f}")
+    print("W4A16 tuner, µs per cold call as timed at load (the winner, then the best CUDA and Triton candidates; "
+          "empty: plans from a table or the disk cache)")
+    for shape, timings in results.get("w4a16_plans", {}).items():
+        cuda = next((t for t in timings if t[0].startswith(("mma-", "wgmma"))), ("-", float("nan")))
+        other = next((t for t in timings if not t[0].startswith(("mma-", "wgmma"))), ("-", float("nan")))
+        print(f"  {shape:22} {timings[0][0]:36} {timings[0][1] * 1e3:6.1f}   CUDA {cuda[1] * 1e3:6.1f}   "
+              f"Triton {other[1] * 1e3:6.1f}")
 
 
 if __name__ == "__main__":

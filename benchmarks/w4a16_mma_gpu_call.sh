@@ -4,16 +4,17 @@
 #   probe:  benchmarks/w4a16_mma_probe.py: the three kernels' checks (any failure: exit 1, nothing timed),
 #           then µs per config beside today's plan and fp16 cuBLAS, M = 1..1024, on the Llama-2-7B int4 shapes
 #           (about 6 minutes on an H200);
-#   decode: int4 decode ms/token at batch 1 / 16 / 64, lmd alone, with the Triton plans and then with all the CUDA
-#           kernels offered to the tuner (LMD_W4A16_CUDA=0, then 1), in the same call (about 3-5 minutes);
+#   decode: decode ms/token at batch 1 / 16 / 64, lmd alone, one run per argument: fp16 weights, or int4 with
+#           LMD_W4A16_CUDA=0 (the Triton plans), default (unset: the GEMV to 16 rows) or 1 (all the CUDA kernels);
+#           no arguments: 0 then 1 (about 1.5-2.5 minutes a run);
 #   serve:  the 1000 real-length requests (benchmarks/serving_workloads.py, workload real): lmd fp16, then lmd int4
 #           with all the CUDA kernels offered (LMD_W4A16_CUDA=1) and LMDeploy 0.18 PT serving the same codes as AWQ
 #           (about 9 minutes; carry .peers, with .peers/serving_lengths.json written here by
 #           `serving_workloads.py --prepare`);
-#   steps:  the int4 decode step by kernel (benchmarks/decode_step_kernels.py: graph replay, eager kernel times) at
-#           batch 1 and 16 with the default CUDA kernels (the GEMV to 16 rows) and with none (LMD_W4A16_CUDA=0),
-#           programmatic dependent launch on at batch 16 and off at batch 1 (about 2-3 minutes).
-#     bash benchmarks/w4a16_mma_gpu_call.sh probe [probe flags] | decode | serve | steps
+#   steps:  the int4 decode step by kernel (benchmarks/decode_step_kernels.py: graph replay, eager kernel times, each
+#           linear's W4A16 kernel in the step, the tuner's timings) at batch 1 and 16 with the default CUDA kernels
+#           (the GEMV to 16 rows) and with none (LMD_W4A16_CUDA=0) (about 2-3 minutes).
+#     bash benchmarks/w4a16_mma_gpu_call.sh probe [probe flags] | decode [fp16|0|default|1 ...] | serve | steps
 # Full results in folders under $OUT, one a step or variant; the last lines printed are the tables.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,13 +28,21 @@ probe)
     OUT="$OUT/probe" python3 benchmarks/w4a16_mma_probe.py "$@" 2>&1 | tee "$OUT/probe/log.txt"
     ;;
 decode)
-    for variant in triton mma; do
-        flag=0
-        [ "$variant" = mma ] && flag=1
-        mkdir -p "$OUT/$variant"
-        echo "== int4 decode, $variant (LMD_W4A16_CUDA=$flag)"
-        LMD_W4A16_CUDA=$flag OUT="$OUT/$variant" python3 benchmarks/decode_vs_lmdeploy.py --weights int4 \
-            --no-peer --no-gpt-fast --batch-sizes 1,16,64 2>&1 | tee "$OUT/$variant/log.txt" | tail -12
+    variants=("$@")
+    [ $# -eq 0 ] && variants=(0 1)
+    for variant in "${variants[@]}"; do
+        mkdir -p "$OUT/decode_$variant"
+        if [ "$variant" = fp16 ]; then
+            echo "== fp16 decode"
+            OUT="$OUT/decode_$variant" python3 benchmarks/decode_vs_lmdeploy.py --weights fp16 --no-peer --no-gpt-fast \
+                --batch-sizes 1,16,64 2>&1 | tee "$OUT/decode_$variant/log.txt" | tail -12
+            continue
+        fi
+        echo "== int4 decode, LMD_W4A16_CUDA=$variant"
+        [ "$variant" = default ] && variant=""
+        LMD_W4A16_CUDA=$variant OUT="$OUT/decode_${variant:-default}" python3 benchmarks/decode_vs_lmdeploy.py \
+            --weights int4 --no-peer --no-gpt-fast --batch-sizes 1,16,64 2>&1 \
+            | tee "$OUT/decode_${variant:-default}/log.txt" | tail -12
     done
     ;;
 serve)
@@ -50,14 +59,15 @@ serve)
         --out "$OUT/int4" 2>&1 | tee "$OUT/int4/log.txt" | tail -12
     ;;
 steps)
-    for run in "16 default 1" "16 0 1" "1 default 0" "1 0 0"; do
+    for run in "1 default 1" "1 0 1" "16 default 1" "16 0 1"; do
         read -r batch cuda pdl <<<"$run"
         name="b${batch}_cuda${cuda}_pdl${pdl}"
         mkdir -p "$OUT/$name"
         echo "== batch $batch, LMD_W4A16_CUDA=$cuda, LMD_PDL=$pdl"
         [ "$cuda" = default ] && cuda=""
         LMD_W4A16_CUDA=$cuda LMD_PDL=$pdl OUT="$OUT/$name" python3 benchmarks/decode_step_kernels.py --weights int4 \
-            --batch "$batch" --contexts 128 --steps 10 2>&1 | grep -E "graph replay|^  GEMM|w4a16|_gemv|wt_|gemm" | head -8
+            --batch "$batch" --contexts 128 --steps 10 > "$OUT/$name/log.txt" 2>&1 || tail -20 "$OUT/$name/log.txt"
+        grep -E "graph replay|^  GEMM|^  attention|^  fused|  w4a16 |^  [0-9]+ rows [0-9]+x" "$OUT/$name/log.txt"
     done
     ;;
 *)
