@@ -53,8 +53,8 @@ serve)
     echo "== fp16, lmd"
     python3 benchmarks/serving_workloads.py --workloads real --models llama2-7b --no-peer --hf-requests 0 \
         --lengths .peers/serving_lengths.json --budget-s 130 --out "$OUT/fp16" 2>&1 | tee "$OUT/fp16/log.txt" | tail -8
-    echo "== int4, lmd with LMD_W4A16_CUDA=1, and LMDeploy AWQ"
-    LMD_W4A16_CUDA=1 python3 benchmarks/serving_workloads.py --workloads real --models llama2-7b-int4 \
+    echo "== int4, lmd (default kernels: the GEMV to 16 rows), and LMDeploy AWQ"
+    python3 benchmarks/serving_workloads.py --workloads real --models llama2-7b-int4 \
         --hf-requests 0 --lengths .peers/serving_lengths.json --peers .peers --budget-s 380 --peer-timeout 250 \
         --out "$OUT/int4" 2>&1 | tee "$OUT/int4/log.txt" | tail -12
     ;;
