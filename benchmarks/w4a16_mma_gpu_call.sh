@@ -14,7 +14,9 @@
 #   steps:  the int4 decode step by kernel (benchmarks/decode_step_kernels.py: graph replay, eager kernel times, each
 #           linear's W4A16 kernel in the step, the tuner's timings) at batch 1 and 16 with the default CUDA kernels
 #           (the GEMV to 16 rows) and with none (LMD_W4A16_CUDA=0) (about 2-3 minutes).
-#     bash benchmarks/w4a16_mma_gpu_call.sh probe [probe flags] | decode [fp16|0|default|1 ...] | serve | steps
+#   layout: the GEMV at M = 1 on the engine layout against tiled copies of the weights
+#           (benchmarks/w4a16_gemv_layout.py), then ncu on 22016x4096 for both layouts (about 3 minutes).
+#     bash benchmarks/w4a16_mma_gpu_call.sh probe [probe flags] | decode [fp16|0|default|1 ...] | serve | steps | layout
 # Full results in folders under $OUT, one a step or variant; the last lines printed are the tables.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -68,6 +70,19 @@ steps)
         LMD_W4A16_CUDA=$cuda LMD_PDL=$pdl OUT="$OUT/$name" python3 benchmarks/decode_step_kernels.py --weights int4 \
             --batch "$batch" --contexts 128 --steps 10 > "$OUT/$name/log.txt" 2>&1 || tail -20 "$OUT/$name/log.txt"
         grep -E "graph replay|^  GEMM|^  attention|^  fused|  w4a16 |^  [0-9]+ rows [0-9]+x" "$OUT/$name/log.txt"
+    done
+    ;;
+layout)
+    mkdir -p "$OUT/layout"
+    OUT="$OUT/layout" python3 benchmarks/w4a16_gemv_layout.py 2>&1 | tee "$OUT/layout/log.txt" | tail -8
+    for layout in engine tiled; do
+        ncu --clock-control none -k regex:w4a16_mma_gemv --launch-skip 2 --launch-count 1 --section SpeedOfLight \
+            --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
+            python3 benchmarks/w4a16_gemv_layout.py --ncu 22016x4096 --layout "$layout" --config "m8 w8 g4 pf1" \
+            > "$OUT/layout/ncu_$layout.txt" 2>&1 || tail -5 "$OUT/layout/ncu_$layout.txt"
+        echo "== ncu, 22016x4096, m8 w8 g4 pf1, $layout layout"
+        grep -E "DRAM Throughput|Memory Throughput|Duration|L2 Hit Rate|Achieved Occupancy|Registers Per|Waves Per" \
+            "$OUT/layout/ncu_$layout.txt" | head -12
     done
     ;;
 *)
