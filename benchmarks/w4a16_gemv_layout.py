@@ -2,7 +2,7 @@
 layout, where a CTA's 64 output channels are 256-byte pieces of rows N x 4 bytes apart, against the same kernel on
 a tiled copy of the weights, where each 64-channel block is one contiguous [K/8, 64] run (issue 18: the deploy-time
 reorder). Timing only: the tiled variant is this script's patch of the kernel source (its addresses, nothing else),
-so its outputs must equal the engine layout's bit for bit, which is checked first. A CUDA machine.
+so its outputs must pass the tuner's check against the reference, which runs first. A CUDA machine.
 
     python3 benchmarks/w4a16_gemv_layout.py [--shapes 12288x4096,...]
     python3 benchmarks/w4a16_gemv_layout.py --ncu 22016x4096 --layout tiled --config "m8 w8 g4 pf1"   (under ncu)
@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lmd.turbomind.kernels import nvrtc  # noqa: E402
 from lmd.turbomind.kernels import w4a16_mma_gemv as gemv  # noqa: E402
 from lmd.turbomind.kernels.gpu_timing import graph_ms  # noqa: E402
-from lmd.turbomind.kernels.w4a16 import random_weight  # noqa: E402
+from lmd.turbomind.kernels.w4a16 import output_is_wrong, random_weight  # noqa: E402
+from lmd.turbomind.kernels.w4a16_layout import w4a16_matmul_reference  # noqa: E402
 
 SHAPES = "12288x4096,4096x4096,22016x4096,4096x11008"
 GROUP = 128
@@ -114,7 +115,7 @@ def bench(n: int, k: int) -> dict:
     q_bytes = qw.numel() * 4 + 2 * s.numel() * 2
     copies = max(4, -(-256 * 2**20 // q_bytes))
     configs = gemv.tuner_configs(1, n, k, GROUP)
-    want = run("engine", configs[0], x, qw, s, z)
+    ref = w4a16_matmul_reference(x.float(), qw, s, z)
     result = {"n": n, "k": k, "bytes": q_bytes, "layouts": {}}
     flat = [torch.empty(q_bytes // 4, dtype=torch.int32, device=dev) for _ in range(copies)]
     dst = torch.empty_like(flat[0])
@@ -125,8 +126,8 @@ def bench(n: int, k: int) -> dict:
         timings = {}
         for cfg in configs:
             y = run(layout, cfg, x, *weights[0])
-            if not torch.equal(y, want):
-                raise SystemExit(f"{layout} {cfg.name()} {n}x{k}: output differs from the engine layout's")
+            if output_is_wrong(y, ref):  # split-K adds in fp32 atomically: equal to a rounding, not bit for bit
+                raise SystemExit(f"{layout} {cfg.name()} {n}x{k}: wrong output")
             timings[cfg.name()] = graph_ms([lambda w=w, c=cfg, lay=layout: run(lay, c, x, *w) for w in weights],
                                            30) * 1000.0
         best = min(timings, key=timings.get)
