@@ -107,7 +107,7 @@ def ncu_target(shape: str, layout: str, config: str) -> None:
     torch.cuda.synchronize()
 
 
-def bench(n: int, k: int) -> dict:
+def bench(n: int, k: int, layouts: list[str]) -> dict:
     dev = torch.device("cuda")
     qw, s, z = random_weight(n, k, GROUP, torch.float16, dev)
     x = torch.randn(1, k, device=dev, dtype=torch.float16)
@@ -120,7 +120,7 @@ def bench(n: int, k: int) -> dict:
     dst = torch.empty_like(flat[0])
     copy_us = graph_ms([lambda f=f: dst.copy_(f) for f in flat], 30) * 1000.0
     result["copy_us"], result["copy_tb_s"] = copy_us, 2 * q_bytes / (copy_us * 1e-6) / 1e12
-    for layout in LAYOUTS:
+    for layout in layouts:
         weights = [operands(layout, qw.clone(), s.clone(), z.clone()) for _ in range(copies)]
         timings = {}
         for cfg in configs:
@@ -149,18 +149,20 @@ def main() -> None:
     p.add_argument("--shapes", default=SHAPES, help="N x K of each linear, comma-separated")
     p.add_argument("--ncu", metavar="NxK", help="only launch one shape/layout/config five times (for ncu)")
     p.add_argument("--layout", default="engine", choices=LAYOUTS)
+    p.add_argument("--layouts", default=",".join(LAYOUTS), help="layouts timed, comma-separated")
     p.add_argument("--config", default="m8 w8 g4 pf1", help="with --ncu: an mma-gemv config name")
     args = p.parse_args()
     if args.ncu:
         ncu_target(args.ncu, args.layout, args.config)
         return
-    rows = [bench(*(int(v) for v in shape.split("x"))) for shape in args.shapes.split(",")]
+    layouts = args.layouts.split(",")
+    rows = [bench(*(int(v) for v in shape.split("x")), layouts) for shape in args.shapes.split(",")]
     out = Path(os.environ.get("OUT", "."))
     out.mkdir(parents=True, exist_ok=True)
     (out / "w4a16_gemv_layout.json").write_text(json.dumps(rows, indent=1))
     print(f"\n{torch.cuda.get_device_name()}, M = 1, group {GROUP}: best mma-gemv config per layout, µs (TB/s of "
           "words, scales and zeros); copy: the same bytes copied device to device (TB/s read + written)")
-    variants = [lay + l2 for lay in LAYOUTS for l2 in ("", " l2")]
+    variants = [lay + l2 for lay in layouts for l2 in ("", " l2")]
     print(f"{'N x K':>12} " + " ".join(f"{v:>14}" for v in variants) + f" {'copy':>6}")
     for r in rows:
         cells = " ".join((f"{r['layouts'][v]['us']:.1f} ({r['layouts'][v]['tb_s']:.2f})" if v in r["layouts"]
