@@ -7,11 +7,10 @@ so its outputs must pass the tuner's check against the reference, which runs fir
     python3 benchmarks/w4a16_gemv_layout.py [--shapes 12288x4096,...]
     python3 benchmarks/w4a16_gemv_layout.py --ncu 22016x4096 --layout tiled --config "m8 w8 g4 pf1"   (under ncu)
 
-Per shape and layout (engine; tiled words; tiled words, scales and zeros), with and without the kernel's L2
-prefetch of a CTA's whole slice (`l2`): µs per call of the best tuner config at M = 1 in a CUDA graph over weight
-copies worth more than L2 (as the probe), its TB/s, and a device-to-device copy of the same bytes for the ceiling
-(TB/s counting bytes read and written). Writes $OUT/w4a16_gemv_layout.json,
-prints a table last.
+Per shape and layout (engine; tiled words; tiled words, scales and zeros): µs per call of the best tuner config at
+M = 1 in a CUDA graph over weight copies worth more than L2 (as the probe), its TB/s, and a device-to-device copy of
+the same bytes for the ceiling (TB/s counting bytes read and written). Writes $OUT/w4a16_gemv_layout.json, prints a
+table last.
 """
 
 from __future__ import annotations
@@ -92,8 +91,7 @@ def operands(layout: str, qw: torch.Tensor, s: torch.Tensor, z: torch.Tensor) ->
 
 def parse_config(text: str) -> gemv.MmaGemvConfig:
     fields = {part[0]: part[1:] for part in text.split() if "-" not in part}
-    return gemv.MmaGemvConfig(int(fields["m"]), int(fields["w"]), int(fields["g"]), bool(int(fields.get("p", "f0")[1:])),
-                              l2_prefetch="l" in fields)
+    return gemv.MmaGemvConfig(int(fields["m"]), int(fields["w"]), int(fields["g"]), bool(int(fields.get("p", "f0")[1:])))
 
 
 def ncu_target(shape: str, layout: str, config: str) -> None:
@@ -131,16 +129,13 @@ def bench(n: int, k: int, layouts: list[str]) -> dict:
             timings[cfg.name()] = graph_ms([lambda w=w, c=cfg, lay=layout: run(lay, c, x, *w) for w in weights],
                                            30) * 1000.0
         del weights
-        for l2 in (False, True):
-            mine = {name: us for name, us in timings.items() if name.endswith(" l2") == l2}
-            if not mine:
-                continue
-            best = min(mine, key=mine.get)
-            variant = layout + (" l2" if l2 else "")
-            result["layouts"][variant] = {"best": best, "us": mine[best],
-                                          "tb_s": q_bytes / (mine[best] * 1e-6) / 1e12, "timings": mine}
-            print(f"{n}x{k} {variant:12} best {best:29} {mine[best]:6.1f} µs "
-                  f"{result['layouts'][variant]['tb_s']:.2f} TB/s (copy {result['copy_tb_s']:.2f})", flush=True)
+        if not timings:
+            continue
+        best = min(timings, key=timings.get)
+        result["layouts"][layout] = {"best": best, "us": timings[best],
+                                     "tb_s": q_bytes / (timings[best] * 1e-6) / 1e12, "timings": timings}
+        print(f"{n}x{k} {layout:9} best {best:26} {timings[best]:6.1f} µs "
+              f"{result['layouts'][layout]['tb_s']:.2f} TB/s (copy {result['copy_tb_s']:.2f})", flush=True)
     return result
 
 
@@ -162,7 +157,7 @@ def main() -> None:
     (out / "w4a16_gemv_layout.json").write_text(json.dumps(rows, indent=1))
     print(f"\n{torch.cuda.get_device_name()}, M = 1, group {GROUP}: best mma-gemv config per layout, µs (TB/s of "
           "words, scales and zeros); copy: the same bytes copied device to device (TB/s read + written)")
-    variants = [lay + l2 for lay in layouts for l2 in ("", " l2")]
+    variants = layouts
     print(f"{'N x K':>12} " + " ".join(f"{v:>14}" for v in variants) + f" {'copy':>6}")
     for r in rows:
         cells = " ".join((f"{r['layouts'][v]['us']:.1f} ({r['layouts'][v]['tb_s']:.2f})" if v in r["layouts"]

@@ -15,7 +15,8 @@
 #           linear's W4A16 kernel in the step, the tuner's timings) at batch 1 and 16 with the default CUDA kernels
 #           (the GEMV to 16 rows) and with none (LMD_W4A16_CUDA=0) (about 2-3 minutes).
 #   layout: the GEMV at M = 1 on the engine layout against tiled copies of the weights
-#           (benchmarks/w4a16_gemv_layout.py), then ncu on 22016x4096 without and with the L2 prefetch (about 3 minutes).
+#           (benchmarks/w4a16_gemv_layout.py), then ncu on 22016x4096 with and without the register double
+#           buffer (about 3 minutes).
 #     bash benchmarks/w4a16_mma_gpu_call.sh probe [probe flags] | decode [fp16|0|default|1 ...] | serve | steps | layout
 # Full results in folders under $OUT, one a step or variant; the last lines printed are the tables.
 set -euo pipefail
@@ -75,7 +76,7 @@ steps)
 layout)
     mkdir -p "$OUT/layout"
     OUT="$OUT/layout" python3 benchmarks/w4a16_gemv_layout.py 2>&1 | tee "$OUT/layout/log.txt" | tail -8
-    for cfg in "m8 w8 g4 pf1" "m8 w8 g4 pf1 l2"; do
+    for cfg in "m8 w8 g4 pf1" "m8 w8 g4 pf0"; do
         layout=engine
         ncu --clock-control none -k regex:w4a16_mma_gemv --launch-skip 2 --launch-count 1 --section SpeedOfLight \
             --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \

@@ -1,6 +1,6 @@
 // W4A16 on mma.sync for 1-128 token rows. The design, the fragment plan and the invariants: w4a16_mma_gemv.py.
 // Compiled at run time by NVRTC with the defines kernel_source() prepends (BF16, MB, GSTEPS, WARPS, PREFETCH,
-// WORD_DECODE, PDL, L2_PREFETCH) and w4a16_mma_fragment.cuh (the decode and MMA helpers); tests/turbomind/kernels/mma_gemv_lanes.py
+// WORD_DECODE, PDL) and w4a16_mma_fragment.cuh (the decode and MMA helpers); tests/turbomind/kernels/mma_gemv_lanes.py
 // emulates it lane by lane.
 
 // From 32 token rows on (MB >= 4) the per-group fold would need a second accumulator set: the weights are
@@ -98,19 +98,6 @@ w4a16_mma_gemv(const u16* __restrict__ x, const u32* __restrict__ qw, const u16*
     const u32 one = opaque(ONE2), sixteen = opaque(0x4C004C00u), offset_a = WORD_DECODE ? sixteen : one;
     float y[MB][4][4] = {};  // n8 block b, weight tile j
 
-#if L2_PREFETCH
-    // the CTA's whole K slice of words (two 128-byte lines a packed row), scales and zeros (a line a group) asked of
-    // L2 at once, before the PDL wait: the bytes in flight are then not bounded by the warps' registers, and the loads
-    // below find their lines in L2 (or on their way there). Addresses inside the slice; a prefetch changes no value.
-    for (int i = threadIdx.x; i < (end - first) * GSTEPS * 8; i += WARPS * 32) {
-        const u32* p = qw + (u64)(first * GSTEPS * 4 + (i >> 1)) * N + blockIdx.y * 64 + (i & 1) * 32;
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-    }
-    for (int i = threadIdx.x; i < (end - first) * 2; i += WARPS * 32) {
-        const u16* p = (i & 1 ? zeros : scales) + (u64)(first + (i >> 1)) * N + blockIdx.y * 64;
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-    }
-#endif
     Group cur;
     if (first + warp < end) load_weights(cur, qw, scales, zeros, N, first + warp, t, col);
 #if PDL

@@ -69,7 +69,6 @@ class MmaGemvConfig:
     groups_per_warp: int = 1  # K range of a CTA = warps * groups_per_warp groups (sets split-K)
     prefetch: bool = False  # load the warp's next group while computing this one (a register double buffer)
     word_decode: bool = True  # fp16: one shift per packed word, not one per nibble pair (bf16 always per pair)
-    l2_prefetch: bool = False  # ask L2 for the CTA's whole K slice of weights first (before the PDL wait)
 
     def __post_init__(self) -> None:
         if self.block_m not in BLOCK_MS or not 1 <= self.warps <= 8 or self.groups_per_warp < 1:
@@ -78,7 +77,7 @@ class MmaGemvConfig:
 
     def name(self) -> str:
         return (f"mma-gemv m{self.block_m} w{self.warps} g{self.groups_per_warp} pf{int(self.prefetch)}"
-                f"{'' if self.word_decode else ' pair'}{' l2' if self.l2_prefetch else ''}")
+                f"{'' if self.word_decode else ' pair'}")
 
 
 def supports(n: int, k: int, group: int) -> bool:
@@ -116,9 +115,8 @@ def tuner_configs(bucket: int, n: int, k: int, group: int, max_rows: int = MAX_R
     if bucket > min(max_rows, MAX_ROWS) or not supports(n, k, group):
         return []
     block_m = next((b for b in BLOCK_MS if b >= bucket), BLOCK_MS[-1])
-    return [MmaGemvConfig(block_m, warps, per_warp, prefetch, l2_prefetch=l2) for warps in (2, 4, 8)
-            for per_warp in (1, 2, 4) for prefetch in (False, True) for l2 in (False, True)
-            if not (prefetch and per_warp == 1)]
+    return [MmaGemvConfig(block_m, warps, per_warp, prefetch) for warps in (2, 4, 8) for per_warp in (1, 2, 4)
+            for prefetch in (False, True) if not (prefetch and per_warp == 1)]
 
 
 FRAGMENT = Path(__file__).with_name("w4a16_mma_fragment.cuh").read_text()  # the decode and MMA helpers both kernels use
@@ -133,7 +131,7 @@ def word_decode(dtype: torch.dtype, cfg: MmaGemvConfig) -> bool:
 def kernel_source(dtype: torch.dtype, group: int, cfg: MmaGemvConfig, pdl: bool = False) -> str:
     defines = {"BF16": int(dtype == torch.bfloat16), "MB": cfg.block_m // 8, "GSTEPS": group // 32,
                "WARPS": cfg.warps, "PREFETCH": int(cfg.prefetch), "WORD_DECODE": int(word_decode(dtype, cfg)),
-               "PDL": int(pdl), "L2_PREFETCH": int(cfg.l2_prefetch)}
+               "PDL": int(pdl)}
     return "".join(f"#define {k} {v}\n" for k, v in defines.items()) + FRAGMENT + SOURCE
 
 
