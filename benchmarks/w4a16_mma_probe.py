@@ -93,14 +93,18 @@ def gemv_checks(m: int) -> list[MmaGemvConfig]:
     small = 8 if m <= 8 else 16
     configs = [MmaGemvConfig(small, 4, 1, False), MmaGemvConfig(16, 2, 2, True), MmaGemvConfig(16, 8, 64, False),
                MmaGemvConfig(small, 4, 2, True, False), MmaGemvConfig(32, 4, 1, False),
-               MmaGemvConfig(32, 2, 2, True, False), MmaGemvConfig(32, 8, 64, True)]
+               MmaGemvConfig(32, 2, 2, True, False), MmaGemvConfig(32, 8, 64, True),
+               # cp.async stages: fewer groups than stages, a short last CTA, pair decode, the dequantizing block
+               MmaGemvConfig(small, 4, 8, stages=4), MmaGemvConfig(small, 8, 4, stages=3),
+               MmaGemvConfig(16, 2, 3, False, False, stages=2), MmaGemvConfig(32, 4, 4, stages=3)]
     return [c for c in configs if m <= 16 or c.block_m == 32]
 
 
 FAMILIES = {
     "gemv": Family(mma_gemv, mma_gemv_reference,
                    ((256, 1024, 128), (128, 512, 64), (192, 768, 32), (4096, 4096, 128), (64, 11008, 128)),
-                   (1, 2, 5, 8, 9, 16, 20, 32, 45, 128), gemv_checks, (MmaGemvConfig(8, 2, 1, False),), 3),
+                   (1, 2, 5, 8, 9, 16, 20, 32, 45, 128), gemv_checks,
+                   (MmaGemvConfig(8, 2, 1, False), MmaGemvConfig(8, 4, 4, stages=3)), 3),
     "gemm": Family(mma_gemm, mma_gemm_reference, SHAPES_CHECKED, (16, 20, 45, 64, 128, 300), lambda m: GEMM_CHECKS,
                    (MmaGemmConfig(2, 1, 16, 3, 4), MmaGemmConfig(2, 2, 32, 3, 1)), 37),
     "wgmma": Family(wgmma_gemm, mma_gemm_reference, SHAPES_CHECKED, (64, 100, 128, 256, 300, 1024),
@@ -142,7 +146,7 @@ def precompile(jobs: list[tuple[object, torch.dtype, int, object]]) -> float:
 def gemv_configs(m: int) -> list[MmaGemvConfig]:
     """The tuner's configs for M's bucket, more groups per warp, and a few with the per-pair decode to compare."""
     bucket = min(1 << max(m - 1, 0).bit_length(), MAX_ROWS)  # past MAX_ROWS: the 128-row configs, more tiles
-    tuned = tuner_configs(bucket, 4096, 4096, 128)
+    tuned = tuner_configs(bucket, 4096, 4096, 128, staged=True)
     block_m = tuned[0].block_m
     more = [MmaGemvConfig(block_m, w, 8, pf) for w in (2, 4) for pf in (False, True)]
     pair = [MmaGemvConfig(block_m, w, gpw, pf, False) for w, gpw, pf in ((4, 2, True), (8, 1, False), (4, 4, True))]

@@ -223,7 +223,7 @@ def candidates(bucket: int, n: int, k: int, group: int, device: torch.device) ->
     cuda = w4a16_mma_gemv.cuda_kernels(device)
     if cuda != "none":
         max_rows = w4a16_mma_gemv.MAX_ROWS if cuda == "all" else w4a16_mma_gemv.DEFAULT_ROWS
-        out.extend(w4a16_mma_gemv.tuner_configs(bucket, n, k, group, max_rows))
+        out.extend(w4a16_mma_gemv.tuner_configs(bucket, n, k, group, max_rows, staged=cuda == "all"))
     if cuda == "all":
         out.extend(w4a16_mma_gemm.tuner_configs(bucket, n, k, group, sms))
         if w4a16_wgmma.runs_on(device):

@@ -36,7 +36,14 @@ from pathlib import Path
 import torch
 
 from lmd.turbomind.kernels import nvrtc
-from lmd.turbomind.kernels.w4a16_mma_gemv import FRAGMENT, GROUPS, checked_operands, launch_w4a16, unit_values
+from lmd.turbomind.kernels.w4a16_mma_gemv import (
+    FRAGMENT,
+    GROUPS,
+    PIPELINE,
+    checked_operands,
+    launch_w4a16,
+    unit_values,
+)
 
 BLOCK_K = 64  # k of one pipeline stage
 WARP_MS = (16, 32, 64)  # token rows a warp covers (n8 MMA blocks of 2, 4, 8)
@@ -118,7 +125,6 @@ def tuner_configs(bucket: int, n: int, k: int, group: int, sms: int) -> list[Mma
     return out
 
 
-PIPELINE = Path(__file__).with_name("cuda_pipeline.cuh").read_text()  # cp.async and shared-load primitives
 SOURCE = Path(__file__).with_suffix(".cu").read_text()
 
 

@@ -1,7 +1,7 @@
 // W4A16 on mma.sync for 1-128 token rows. The design, the fragment plan and the invariants: w4a16_mma_gemv.py.
 // Compiled at run time by NVRTC with the defines kernel_source() prepends (BF16, MB, GSTEPS, WARPS, PREFETCH,
-// WORD_DECODE, PDL) and w4a16_mma_fragment.cuh (the decode and MMA helpers); tests/turbomind/kernels/mma_gemv_lanes.py
-// emulates it lane by lane.
+// STAGES, WORD_DECODE, PDL), w4a16_mma_fragment.cuh (the decode and MMA helpers) and cuda_pipeline.cuh (cp.async);
+// tests/turbomind/kernels/mma_gemv_lanes.py emulates it lane by lane.
 
 // From 32 token rows on (MB >= 4) the per-group fold would need a second accumulator set: the weights are
 // dequantized in registers instead, w = (v - offset) * (C s) + z in two packed ops, and the MMA sums over all groups.
@@ -53,6 +53,48 @@ __device__ __forceinline__ void load_weights(Group& d, const u32* qw, const u16*
     load_weight_pair(zeros + (u64)gi * N + col + 32, d.z.z, d.z.w);
 }
 
+#if STAGES
+// STAGES > 0: a warp's next groups stream into shared memory by cp.async, STAGES of them in flight, so the bytes in
+// flight are not bounded by registers. A stage holds one group as its lanes load it: slot (s, half) of the words is
+// 32 lanes x 16 bytes, then scales low/high and zeros low/high, 32 lanes x 8 bytes each. Each lane copies and reads
+// back only its own slots, so its cp.async.wait_group alone orders its copies before its reads (no barrier).
+#define STAGE_BYTES (GSTEPS * 2 * 512 + 4 * 256)
+
+__device__ __forceinline__ void copy8(u32 dst, const void* src) {  // 8 bytes global -> shared (cp.async.cg is 16 only)
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(src));
+}
+
+// the weights' part of load_weights, into a stage
+__device__ __forceinline__ void copy_weights(u32 stage, const u32* qw, const u16* scales, const u16* zeros, int N,
+                                             int gi, int t, int col, int lane) {
+#pragma unroll
+    for (int s = 0; s < GSTEPS; ++s) {
+        const u32* p = qw + (u64)(gi * GSTEPS * 4 + s * 4 + t) * N + col;
+        copy16(stage + (2 * s) * 512 + lane * 16, p, true);
+        copy16(stage + (2 * s + 1) * 512 + lane * 16, p + 32, true);
+    }
+    const u32 sz = stage + GSTEPS * 2 * 512 + lane * 8;
+    copy8(sz, scales + (u64)gi * N + col);
+    copy8(sz + 256, scales + (u64)gi * N + col + 32);
+    copy8(sz + 512, zeros + (u64)gi * N + col);
+    copy8(sz + 768, zeros + (u64)gi * N + col + 32);
+}
+
+__device__ __forceinline__ void read_weights(Group& d, u32 stage, int lane) {
+#pragma unroll
+    for (int s = 0; s < GSTEPS; ++s) {
+        const U4 lo = lds128(stage + (2 * s) * 512 + lane * 16), hi = lds128(stage + (2 * s + 1) * 512 + lane * 16);
+        d.q[s][0] = lo.x; d.q[s][1] = lo.y; d.q[s][2] = lo.z; d.q[s][3] = lo.w;
+        d.q[s][4] = hi.x; d.q[s][5] = hi.y; d.q[s][6] = hi.z; d.q[s][7] = hi.w;
+    }
+    const u32 sz = stage + GSTEPS * 2 * 512 + lane * 8;
+    lds64(sz, d.s.x, d.s.y);
+    lds64(sz + 256, d.s.z, d.s.w);
+    lds64(sz + 512, d.z.x, d.z.y);
+    lds64(sz + 768, d.z.z, d.z.w);
+}
+#endif
+
 // x[m, k0 + 8t .. k0 + 8t + 7] for token row m of the thread (zeros past M)
 __device__ __forceinline__ U4 load_x_step(const u16* x, int M, int K, int m, int k0, int t) {
     U4 r;
@@ -98,8 +140,22 @@ w4a16_mma_gemv(const u16* __restrict__ x, const u32* __restrict__ qw, const u16*
     const u32 one = opaque(ONE2), sixteen = opaque(0x4C004C00u), offset_a = WORD_DECODE ? sixteen : one;
     float y[MB][4][4] = {};  // n8 block b, weight tile j
 
+#if STAGES
+    // the warp's groups are first + warp + j WARPS, j = 0, 1, ...; group j goes into stage j % STAGES. The first
+    // STAGES are asked for before the PDL wait (one commit group each, empty past the warp's last group)
+    extern __shared__ __align__(16) unsigned char stage_memory[];
+    const u32 stages = smem_address(stage_memory) + warp * (STAGES * STAGE_BYTES);
+#pragma unroll
+    for (int j = 0; j < STAGES; ++j) {
+        const int gi = first + warp + j * WARPS;
+        if (gi < end) copy_weights(stages + j * STAGE_BYTES, qw, scales, zeros, N, gi, t, col, lane);
+        commit();
+    }
+    Group cur;
+#else
     Group cur;
     if (first + warp < end) load_weights(cur, qw, scales, zeros, N, first + warp, t, col);
+#endif
 #if PDL
     // programmatic dependent launch: the first group's weights are in flight while the previous kernel finishes;
     // x is its output, read after the wait; the next kernel may be scheduled from here on (its own wait holds
@@ -107,9 +163,17 @@ w4a16_mma_gemv(const u16* __restrict__ x, const u32* __restrict__ qw, const u16*
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" :::);
 #endif
+#if STAGES
+    for (int gi = first + warp, j = 0; gi < end; gi += WARPS, ++j) {
+        const u32 stage = stages + (j % STAGES) * STAGE_BYTES;
+        wait_stages<STAGES - 1>();  // of the STAGES newest commit groups, the oldest (group j) has landed
+        read_weights(cur, stage, lane);
+        load_x(cur, x, M, K, gi, g, t);
+#else
     if (first + warp < end) load_x(cur, x, M, K, first + warp, g, t);
     for (int gi = first + warp; gi < end; gi += WARPS) {
         const bool more = gi + WARPS < end;
+#endif
 #if PREFETCH
         Group next;
         if (more) {
@@ -190,7 +254,13 @@ w4a16_mma_gemv(const u16* __restrict__ x, const u32* __restrict__ qw, const u16*
             }
         }
 #endif
-#if PREFETCH
+#if STAGES
+        // the stage read above is free: its shared loads were issued before this copy (volatile asm keeps program
+        // order), and a cp.async writes shared memory only after its global read returns. Group j + STAGES goes into
+        // it (an empty commit group past the warp's last).
+        if (gi + STAGES * WARPS < end) copy_weights(stage, qw, scales, zeros, N, gi + STAGES * WARPS, t, col, lane);
+        commit();
+#elif PREFETCH
         if (more) cur = next;
 #else
         if (more) {
@@ -199,6 +269,9 @@ w4a16_mma_gemv(const u16* __restrict__ x, const u32* __restrict__ qw, const u16*
         }
 #endif
     }
+#if STAGES
+    wait_stages<0>();  // (only empty commit groups are left; no copy may be writing shared memory at exit)
+#endif
 
     // warps of the CTA meet in shared memory: SCALED red[token][channel], zeroed first and added atomically (32 rows
     // of every warp would not fit side by side); else red[warp][token][channel], summed in warp order below

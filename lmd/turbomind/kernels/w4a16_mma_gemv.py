@@ -59,6 +59,7 @@ from lmd.turbomind.kernels import nvrtc
 BLOCK_N = 64  # output channels per CTA (a warp's four 16-row A tiles)
 GROUPS = (32, 64, 128)  # group sizes the kernel takes (a group is whole k32 steps, unrolled)
 BLOCK_MS = (8, 16, 32)  # token rows per CTA: n8 MMA blocks of 1, 2, 4 (more rows: more token tiles in the grid)
+STAGES = (0, 2, 3, 4)  # shared-memory stages a warp (0: none, loads into registers)
 
 
 @dataclass(frozen=True)
@@ -69,15 +70,23 @@ class MmaGemvConfig:
     groups_per_warp: int = 1  # K range of a CTA = warps * groups_per_warp groups (sets split-K)
     prefetch: bool = False  # load the warp's next group while computing this one (a register double buffer)
     word_decode: bool = True  # fp16: one shift per packed word, not one per nibble pair (bf16 always per pair)
+    stages: int = 0  # 0: a warp loads its groups into registers; 2-4: that many groups in flight a warp, by cp.async
+    # into shared memory (instead of the register double buffer `prefetch`)
 
     def __post_init__(self) -> None:
-        if self.block_m not in BLOCK_MS or not 1 <= self.warps <= 8 or self.groups_per_warp < 1:
-            raise ValueError(f"mma-gemv config: block_m one of {BLOCK_MS}, 1-8 warps, groups_per_warp >= 1; "
-                             f"got {self}")
+        if (self.block_m not in BLOCK_MS or not 1 <= self.warps <= 8 or self.groups_per_warp < 1
+                or self.stages not in STAGES or (self.stages and self.prefetch)):
+            raise ValueError(f"mma-gemv config: block_m one of {BLOCK_MS}, 1-8 warps, groups_per_warp >= 1, stages "
+                             f"one of {STAGES} and not with prefetch; got {self}")
 
     def name(self) -> str:
         return (f"mma-gemv m{self.block_m} w{self.warps} g{self.groups_per_warp} pf{int(self.prefetch)}"
-                f"{'' if self.word_decode else ' pair'}")
+                f"{'' if self.word_decode else ' pair'}{f' st{self.stages}' if self.stages else ''}")
+
+    def shared_bytes(self, group: int) -> int:
+        """Dynamic shared memory of a launch: each warp's stages (a group's words, then 4 x 32 lanes x 8 bytes of
+        scales and zeros; STAGE_BYTES in the .cu)."""
+        return self.warps * self.stages * ((group // 32) * 2 * 512 + 4 * 256)
 
 
 def supports(n: int, k: int, group: int) -> bool:
@@ -110,16 +119,23 @@ def launch_shape(cfg: MmaGemvConfig, m: int, n: int, k: int, group: int) -> tupl
     return -(-m // cfg.block_m), n // BLOCK_N, -(-(k // group) // (cfg.warps * cfg.groups_per_warp))
 
 
-def tuner_configs(bucket: int, n: int, k: int, group: int, max_rows: int = MAX_ROWS) -> list[MmaGemvConfig]:
-    """The configs the tuner times for one bucket of up to max_rows (at most MAX_ROWS) rows."""
+def tuner_configs(bucket: int, n: int, k: int, group: int, max_rows: int = MAX_ROWS,
+                  staged: bool = False) -> list[MmaGemvConfig]:
+    """The configs the tuner times for one bucket of up to max_rows (at most MAX_ROWS) rows; `staged`: also the
+    cp.async-staged ones (a warp with 2-8 groups, 2-4 of them in flight)."""
     if bucket > min(max_rows, MAX_ROWS) or not supports(n, k, group):
         return []
     block_m = next((b for b in BLOCK_MS if b >= bucket), BLOCK_MS[-1])
-    return [MmaGemvConfig(block_m, warps, per_warp, prefetch) for warps in (2, 4, 8) for per_warp in (1, 2, 4)
-            for prefetch in (False, True) if not (prefetch and per_warp == 1)]
+    configs = [MmaGemvConfig(block_m, warps, per_warp, prefetch) for warps in (2, 4, 8) for per_warp in (1, 2, 4)
+               for prefetch in (False, True) if not (prefetch and per_warp == 1)]
+    if staged:
+        configs += [MmaGemvConfig(block_m, warps, per_warp, stages=stages) for warps in (4, 8) for per_warp in (2, 4, 8)
+                    for stages in STAGES[1:] if stages <= per_warp]
+    return configs
 
 
 FRAGMENT = Path(__file__).with_name("w4a16_mma_fragment.cuh").read_text()  # the decode and MMA helpers both kernels use
+PIPELINE = Path(__file__).with_name("cuda_pipeline.cuh").read_text()  # cp.async and shared loads (the staged configs)
 SOURCE = Path(__file__).with_suffix(".cu").read_text()
 
 
@@ -130,9 +146,9 @@ def word_decode(dtype: torch.dtype, cfg: MmaGemvConfig) -> bool:
 
 def kernel_source(dtype: torch.dtype, group: int, cfg: MmaGemvConfig, pdl: bool = False) -> str:
     defines = {"BF16": int(dtype == torch.bfloat16), "MB": cfg.block_m // 8, "GSTEPS": group // 32,
-               "WARPS": cfg.warps, "PREFETCH": int(cfg.prefetch), "WORD_DECODE": int(word_decode(dtype, cfg)),
-               "PDL": int(pdl)}
-    return "".join(f"#define {k} {v}\n" for k, v in defines.items()) + FRAGMENT + SOURCE
+               "WARPS": cfg.warps, "PREFETCH": int(cfg.prefetch), "STAGES": cfg.stages,
+               "WORD_DECODE": int(word_decode(dtype, cfg)), "PDL": int(pdl)}
+    return "".join(f"#define {k} {v}\n" for k, v in defines.items()) + FRAGMENT + PIPELINE + SOURCE
 
 
 @functools.cache
@@ -196,7 +212,7 @@ def mma_gemv(x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zer
     grid = launch_shape(cfg, m, n, k, group)
     return launch_w4a16(lambda pdl, device: _kernel(x2d.dtype, group, cfg, pdl, device), x2d, qweight, scales, zeros,
                         bias, grid, [cfg.warps * cfg.groups_per_warp], grid[0] * grid[1] if grid[2] > 1 else 0,
-                        32 * cfg.warps)
+                        32 * cfg.warps, shared_bytes=cfg.shared_bytes(group))
 
 
 def unit_values(qweight: torch.Tensor, dtype: torch.dtype, word: bool) -> tuple[torch.Tensor, torch.Tensor]:

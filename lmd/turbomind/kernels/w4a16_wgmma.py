@@ -43,8 +43,7 @@ from pathlib import Path
 import torch
 
 from lmd.turbomind.kernels import nvrtc
-from lmd.turbomind.kernels.w4a16_mma_gemm import PIPELINE
-from lmd.turbomind.kernels.w4a16_mma_gemv import FRAGMENT, GROUPS, checked_operands, launch_w4a16
+from lmd.turbomind.kernels.w4a16_mma_gemv import FRAGMENT, GROUPS, PIPELINE, checked_operands, launch_w4a16
 
 BLOCK_K = 64
 THREADS = 384

@@ -101,6 +101,10 @@ def test_wrapper_rejects_what_the_kernel_cannot_take() -> None:
         MmaGemvConfig(24)
     with pytest.raises(ValueError, match="groups_per_warp >= 1"):
         MmaGemvConfig(8, 4, 0)
+    with pytest.raises(ValueError, match="stages one of"):
+        MmaGemvConfig(8, 4, 4, stages=5)
+    with pytest.raises(ValueError, match="not with prefetch"):
+        MmaGemvConfig(8, 4, 4, True, stages=2)
     assert not kernel.supports(128, 256, 256) and kernel.supports(128, 256, 64)
 
 
@@ -122,6 +126,55 @@ def test_tuner_configs_cover_buckets_up_to_128() -> None:
     assert blocks == {4: {8}, 16: {16}, 32: {32}, 128: {32}}
     configs = kernel.tuner_configs(16, 4096, 4096, 128)
     assert len({c.name() for c in configs}) == len(configs) > 10
+    staged = [c for c in kernel.tuner_configs(16, 4096, 4096, 128, staged=True) if c not in configs]
+    assert staged and all(2 <= c.stages <= c.groups_per_warp and not c.prefetch for c in staged)
+    assert len({c.name() for c in configs + staged}) == len(configs) + len(staged) and not any(c.stages for c in configs)
+
+
+def test_staged_configs_size_their_shared_memory() -> None:
+    """A stage is a group's words (two 16-byte slots a k32 step, 32 lanes each) and 4 x 32 lanes x 8 bytes of scales
+    and zeros, a warp holds `stages` of them; the define reaches the source."""
+    assert MmaGemvConfig(8, 4, 8, stages=4).shared_bytes(128) == 4 * 4 * (4 * 1024 + 1024)
+    assert MmaGemvConfig(16, 8, 2, stages=2).shared_bytes(32) == 8 * 2 * (1024 + 1024)
+    assert MmaGemvConfig(8, 4, 2, True).shared_bytes(128) == 0
+    source = kernel.kernel_source(torch.float16, 128, MmaGemvConfig(8, 8, 4, stages=3))
+    assert "#define STAGES 3\n" in source and "#define PREFETCH 0\n" in source
+    assert "#define STAGE_BYTES (GSTEPS * 2 * 512 + 4 * 256)" in source  # what shared_bytes counts
+
+
+def staged_schedule(groups: int, stages: int, pending: int | None = None) -> list[int]:
+    """The staged loop of w4a16_mma_gemv.cu for one warp with `groups` groups, as a protocol model: which group each
+    iteration reads, asserting that the stage it reads holds that group and that cp.async.wait_group(pending, the
+    kernel's STAGES - 1) has completed its copy (all but the newest `pending` commit groups; nothing more assumed)."""
+    pending = stages - 1 if pending is None else pending
+    slots: list[tuple[int, int] | None] = [None] * stages  # (group, commit group of its copy)
+    commits = 0
+    for j in range(stages):  # prologue: the first STAGES groups, one commit group each (empty past the last)
+        if j < groups:
+            slots[j] = (j, commits)
+        commits += 1
+    read = []
+    for j in range(groups):
+        complete = commits - pending  # wait_stages<STAGES - 1>: commit groups [0, complete) have landed
+        held = slots[j % stages]
+        assert held is not None and held[0] == j and held[1] < complete, (groups, stages, j, held)
+        read.append(held[0])
+        if j + stages < groups:  # the refill of the stage just read: group j + STAGES
+            slots[j % stages] = (j + stages, commits)
+        commits += 1
+    return read
+
+
+def test_the_staged_loop_reads_every_group_once_after_its_copy_landed() -> None:
+    for text in ("wait_stages<STAGES - 1>();", "const u32 stage = stages + (j % STAGES) * STAGE_BYTES;",
+                 "if (gi + STAGES * WARPS < end) copy_weights(stage,", "for (int j = 0; j < STAGES; ++j) {",
+                 "if (gi < end) copy_weights(stages + j * STAGE_BYTES,"):
+        assert text in kernel.SOURCE, text
+    for stages in kernel.STAGES[1:]:
+        for groups in range(12):
+            assert staged_schedule(groups, stages) == list(range(groups))
+    with pytest.raises(AssertionError):  # a wait that leaves STAGES copies pending reads one still in flight
+        staged_schedule(5, 3, pending=3)
 
 
 def test_the_setting_picks_the_cuda_kernels(monkeypatch) -> None:
@@ -159,5 +212,6 @@ def test_the_dispatcher_offers_it_up_to_16_rows_by_default_and_to_128_with_all(m
     assert offered(8) == kernel.tuner_configs(8, 4096, 4096, 128) and offered(16)
     assert not offered(32)
     monkeypatch.setattr(kernel, "cuda_kernels", lambda device: "all")
-    assert offered(32) == kernel.tuner_configs(32, 4096, 4096, 128) and offered(128)
+    assert offered(32) == kernel.tuner_configs(32, 4096, 4096, 128, staged=True) and offered(128)
+    assert any(c.stages for c in offered(8))  # the cp.async-staged configs: with "all" only, until measured
     assert not offered(256)

@@ -46,6 +46,29 @@ def test_specialization_compiles_for_sm90(offline, spec) -> None:
     assert usage["STACK"] <= 16 and usage["REG"] <= 255  # at most a few scalars spilled, no arrays in local memory
 
 
+STAGED = [  # (dtype, group, config, pdl): cp.async stages, both dtypes, the folding and the dequantizing blocks
+    (torch.float16, 128, MmaGemvConfig(8, 8, 4, stages=3), True),
+    (torch.float16, 128, MmaGemvConfig(8, 4, 8, stages=4), False),
+    (torch.bfloat16, 64, MmaGemvConfig(16, 4, 2, False, False, stages=2), True),
+    (torch.float16, 32, MmaGemvConfig(32, 8, 4, stages=4), True),
+]
+
+
+@pytest.mark.parametrize("spec", STAGED, ids=lambda s: f"{str(s[0])[6:]}-g{s[1]}-"
+                         f"{s[2].name().replace(' ', '_')}-pdl{int(s[3])}")
+def test_staged_specialization_streams_weights_through_shared_memory(offline, spec) -> None:
+    dtype, group, cfg, pdl = spec
+    usage, sass = nvrtc_offline.inspect(nvrtc.compile_cubin(kernel_source(dtype, group, cfg, pdl), "sm_90"))
+    steps = group // 32
+    # the words and the scales and zeros only by cp.async (LDGSTS): 2 x 16 bytes a step and 4 x 8 bytes a group, at
+    # the prologue's STAGES copies and the loop's refill; read back by shared loads; x still from global memory
+    assert sass.count("LDGSTS") == (cfg.stages + 1) * (2 * steps + 4)
+    assert "LDG.E.NA.128.CONSTANT" not in sass and "LDG.E.NA.64.CONSTANT" not in sass
+    assert sass.count("LDS.128") == 2 * steps and "DEPBAR" in sass  # cp.async.wait_group
+    assert ("ACQBULK" in sass) == pdl
+    assert usage["STACK"] <= 16 and usage["REG"] <= 128  # one group in registers: room for two CTAs an SM
+
+
 def test_compile_errors_name_the_line(offline) -> None:
     with pytest.raises(nvrtc.NvrtcUnavailable, match="NVRTC: .*error"):
         nvrtc.compile_cubin(kernel_source(torch.float16, 128, MmaGemvConfig()) + "\nint broken(", "sm_90")
