@@ -144,11 +144,11 @@ w4a16_mma_gemv(const u16* __restrict__ x, const u32* __restrict__ qw, const u16*
     // the warp's groups are first + warp + j WARPS, j = 0, 1, ...; group j goes into stage j % STAGES. The first
     // STAGES are asked for before the PDL wait (one commit group each, empty past the warp's last group)
     extern __shared__ __align__(16) unsigned char stage_memory[];
-    const u32 stages = smem_address(stage_memory) + warp * (STAGES * STAGE_BYTES);
+    const u32 warp_stages = smem_address(stage_memory) + warp * (STAGES * STAGE_BYTES);  // this warp's
 #pragma unroll
     for (int j = 0; j < STAGES; ++j) {
         const int gi = first + warp + j * WARPS;
-        if (gi < end) copy_weights(stages + j * STAGE_BYTES, qw, scales, zeros, N, gi, t, col, lane);
+        if (gi < end) copy_weights(warp_stages + j * STAGE_BYTES, qw, scales, zeros, N, gi, t, col, lane);
         commit();
     }
     Group cur;
@@ -165,7 +165,7 @@ w4a16_mma_gemv(const u16* __restrict__ x, const u32* __restrict__ qw, const u16*
 #endif
 #if STAGES
     for (int gi = first + warp, j = 0; gi < end; gi += WARPS, ++j) {
-        const u32 stage = stages + (j % STAGES) * STAGE_BYTES;
+        const u32 stage = warp_stages + (j % STAGES) * STAGE_BYTES;
         wait_stages<STAGES - 1>();  // of the STAGES newest commit groups, the oldest (group j) has landed
         read_weights(cur, stage, lane);
         load_x(cur, x, M, K, gi, g, t);

@@ -166,9 +166,9 @@ def staged_schedule(groups: int, stages: int, pending: int | None = None) -> lis
 
 
 def test_the_staged_loop_reads_every_group_once_after_its_copy_landed() -> None:
-    for text in ("wait_stages<STAGES - 1>();", "const u32 stage = stages + (j % STAGES) * STAGE_BYTES;",
+    for text in ("wait_stages<STAGES - 1>();", "const u32 stage = warp_stages + (j % STAGES) * STAGE_BYTES;",
                  "if (gi + STAGES * WARPS < end) copy_weights(stage,", "for (int j = 0; j < STAGES; ++j) {",
-                 "if (gi < end) copy_weights(stages + j * STAGE_BYTES,"):
+                 "if (gi < end) copy_weights(warp_stages + j * STAGE_BYTES,"):
         assert text in kernel.SOURCE, text
     for stages in kernel.STAGES[1:]:
         for groups in range(12):
