@@ -17,7 +17,7 @@
 #   layout: the GEMV at M = 1 on the engine layout against tiled copies of the weights
 #           (benchmarks/w4a16_gemv_layout.py), then ncu on 22016x4096 with and without the register double
 #           buffer (about 3 minutes).
-#     bash benchmarks/w4a16_mma_gpu_call.sh probe [probe flags] | decode [fp16|0|default|1 ...] | serve | steps | layout
+#     bash benchmarks/w4a16_mma_gpu_call.sh probe [probe flags] | decode [fp16|0|default|1 ...] | serve | steps | layout [flags]
 # Full results in folders under $OUT, one a step or variant; the last lines printed are the tables.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -75,7 +75,7 @@ steps)
     ;;
 layout)
     mkdir -p "$OUT/layout"
-    OUT="$OUT/layout" python3 benchmarks/w4a16_gemv_layout.py 2>&1 | tee "$OUT/layout/log.txt" | tail -8
+    OUT="$OUT/layout" python3 benchmarks/w4a16_gemv_layout.py "$@" 2>&1 | tee "$OUT/layout/log.txt" | tail -8
     for cfg in "m8 w8 g4 pf1" "m8 w8 g4 pf0"; do
         layout=engine
         ncu --clock-control none -k regex:w4a16_mma_gemv --launch-skip 2 --launch-count 1 --section SpeedOfLight \
