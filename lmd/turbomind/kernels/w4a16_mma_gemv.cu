@@ -53,6 +53,10 @@ __device__ __forceinline__ void load_weights(Group& d, const u32* qw, const u16*
     load_weight_pair(zeros + (u64)gi * N + col + 32, d.z.z, d.z.w);
 }
 
+#if STAGES && PREFETCH
+#error "STAGES replaces the register double buffer PREFETCH: not both"
+#endif
+
 #if STAGES
 // STAGES > 0: a warp's next groups stream into shared memory by cp.async, STAGES of them in flight, so the bytes in
 // flight are not bounded by registers. A stage holds one group as its lanes load it: slot (s, half) of the words is

@@ -39,6 +39,13 @@ Split-K as the Triton kernels do it (`w4a16_epilogue`): the warps of a CTA take 
 memory; CTAs of a column block add fp32 partials into the self-cleaning workspace and the last one writes. With
 PDL the first group's words, scales and zeros are loaded before the wait for the previous kernel, x after it.
 
+A warp holds its group's words in registers (32 at g128), twice with the register double buffer `prefetch`; on the
+H100 that made 178 registers a thread and one 256-thread CTA an SM, and ncu found the kernel bound by loads in flight
+(docs/benchmarks.md, twenty-fourth session). The staged configs (`stages` 2-4) copy a warp's next groups into shared
+memory by cp.async instead (each lane its own slots, so its cp.async.wait_group alone orders copy and read), with
+STAGES groups in flight a warp and one in registers; the first STAGES copies go before the PDL wait. x is still
+loaded at each group, after the wait for its weights.
+
 The CPU path and the test oracle is `mma_gemv_reference` (the same decode bits and fold in PyTorch); CI also runs a
 lane-level emulation of this source (tests/turbomind/kernels/mma_gemv_lanes.py) and compiles it for sm_90.
 """

@@ -64,9 +64,13 @@ def test_staged_specialization_streams_weights_through_shared_memory(offline, sp
     # the prologue's STAGES copies and the loop's refill; read back by shared loads; x still from global memory
     assert sass.count("LDGSTS") == (cfg.stages + 1) * (2 * steps + 4)
     assert "LDG.E.NA.128.CONSTANT" not in sass and "LDG.E.NA.64.CONSTANT" not in sass
-    assert sass.count("LDS.128") == 2 * steps and "DEPBAR" in sass  # cp.async.wait_group
+    assert sass.count("LDS.128") == 2 * steps
+    # the loop's cp.async.wait_group STAGES - 1 comes before the first shared load of the stage (the exit's wait 0 alone
+    # would not do)
+    wait = f"DEPBAR.LE SB0, 0x{cfg.stages - 1} "
+    assert wait in sass and sass.index(wait) < sass.index("LDS.128")
     assert ("ACQBULK" in sass) == pdl
-    assert usage["STACK"] <= 16 and usage["REG"] <= 128  # one group in registers: room for two CTAs an SM
+    assert usage["STACK"] <= 16 and usage["REG"] <= 128  # one group in registers (these four configs)
 
 
 def test_compile_errors_name_the_line(offline) -> None:
