@@ -113,9 +113,9 @@ def write_tokenizer(path: Path, vocab_size: int):
 
 
 def build_workspace(root: Path, shape: dict, int4: bool, session_len: int, device: torch.device,
-                    w8a8: str | None = None) -> Path:
+                    w8a8: str | None = None, tp: int = 1) -> Path:
     """The workspace `lmd deploy` would write for a Llama checkpoint of this shape (fp16, AWQ int4 g128, or a W8A8
-    compressed-tensors one: `w8a8` int8 / fp8)."""
+    compressed-tensors one: `w8a8` int8 / fp8), its weights cut into `tp` rank files."""
     from transformers import LlamaConfig
 
     config = LlamaConfig(**shape, max_position_embeddings=session_len, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2)
@@ -127,7 +127,7 @@ def build_workspace(root: Path, shape: dict, int4: bool, session_len: int, devic
         dims=dims,
         tokenizer=tokenizer,
         model_dir=None,
-        tp=1,
+        tp=tp,
         weight_type="int4" if int4 else (w8a8 or "fp16"),
         group_size=GROUP if int4 else 0,
         compute_dtype="fp16",
