@@ -16,6 +16,10 @@ NCCL's all_reduce_perf reports as busbw. NCCL on CUDA (gloo on CPU), NVLink mult
 (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1). Writes $OUT/multi_gpu.json and
 prints the tables last, with issue 21's ratios: 13B tp=2 against tp=1 at batch 1, and any shape's tp=8 batch 1
 against 7B tp=1.
+
+The 1000 real-length requests at tp > 1 are `benchmarks/serving_workloads.py --workloads real --no-peer --tp N`;
+data-parallel replicas, one engine a GPU, serve 1000 / N of them each: the same script at --tp 1 with
+--num-requests 1000 / N gives one replica's latency and throughput.
 """
 
 from __future__ import annotations

@@ -122,11 +122,12 @@ class Settings:
     max_prompt_len: int
     max_output_len: int
     seed: int
+    tp: int = 1  # lmd's tensor-parallel ranks (GPUs 0 .. tp - 1)
 
     def engine_options(self, dtype: str, **changes: Any) -> dict[str, Any]:
         options = dict(device=self.device, dtype=dtype, max_batch_size=self.max_batch_size,
                        session_len=self.session_len, max_context_token_num=self.prefill_tokens,
-                       cache_max_entry_count=self.cache_fraction, cache_block_seq_len=self.block_len)
+                       cache_max_entry_count=self.cache_fraction, cache_block_seq_len=self.block_len, tp=self.tp)
         return options | changes
 
 
@@ -852,6 +853,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-prompt-len", type=int, help="clip prompts (default 1024; tiny 48)")
     p.add_argument("--max-output-len", type=int, help="clip outputs (default 1024; tiny 12)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tp", type=int, default=1, help="lmd's tensor-parallel ranks, on GPUs 0..N-1 (with --no-peer: "
+                   "LMDeploy's run is one GPU)")
     p.add_argument("--lengths", help="token counts written by --prepare (else counted from --data-dir)")
     p.add_argument("--prepare", metavar="FILE", help="count the lengths (data + tokenizer), write FILE, exit")
     p.add_argument("--data-dir", default=os.environ.get("LMD_DATA_DIR", str(REPO.parent / "shared" / "data")))
@@ -891,6 +894,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         raise SystemExit(f"unknown workload or model {', '.join(unknown)}; workloads {', '.join(WORKLOADS)}, "
                          f"models {', '.join(MODELS)}")
     args.limits = parse_limits(args.limit_s)
+    if args.tp < 1:
+        raise SystemExit(f"--tp {args.tp}: at least 1")
+    if args.tp > 1 and not args.no_peer:
+        raise SystemExit(f"--tp {args.tp} measures lmd alone: add --no-peer (LMDeploy's peer run is one GPU)")
     return args
 
 
@@ -924,7 +931,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     lengths = get_lengths(args)
     device = "cpu" if args.tiny else "cuda"
     settings = Settings(device, args.session_len, args.max_batch_size, args.prefill_tokens, args.cache_fraction,
-                        args.block_len, args.max_prompt_len, args.max_output_len, args.seed)
+                        args.block_len, args.max_prompt_len, args.max_output_len, args.seed, args.tp)
     out = Path(args.out, "serving_workloads.json")
     results: dict[str, Any] = {
         "gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,

@@ -156,3 +156,10 @@ def test_flags_are_checked(script):
     args = script.parse_args(["--limit-s", "real=240,prefix=30"])
     assert args.limits == {"real": 240.0, "prefix": 30.0} and args.hf_models == ["llama3-8b"]
     assert (args.num_requests, args.max_batch_size, args.hf_batch_size) == (1000, 256, 64)
+    with pytest.raises(SystemExit, match="--no-peer"):
+        script.parse_args(["--tp", "2"])
+    with pytest.raises(SystemExit, match="at least 1"):
+        script.parse_args(["--tp", "0", "--no-peer"])
+    args = script.parse_args(["--tp", "2", "--no-peer"])
+    settings = script.Settings("cuda", 2048, 256, 8192, 0.5, 64, 1024, 1024, 0, args.tp)
+    assert settings.engine_options("fp16")["tp"] == 2 and script.Settings(*[0] * 9).engine_options("fp16")["tp"] == 1
