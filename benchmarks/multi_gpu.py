@@ -44,6 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine import LLAMA2_7B, SHAPE_KEYS, TINY, build_workspace  # noqa: E402
 
 from lmd.bench.latency import LatencyConfig, run_latency  # noqa: E402
+from lmd.errors import LmdError  # noqa: E402
+from lmd.workspace_format.rank_layout import RankShape, check_tp  # noqa: E402
 
 SHAPES = {
     "7b": LLAMA2_7B,
@@ -66,10 +68,13 @@ def parse_layout(text: str) -> tuple[int, int]:
 
 
 def fits(shape: dict, tp: int, pp: int) -> str | None:
-    """Why the layout cannot split this shape, or None."""
-    for key in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
-        if shape[key] % tp:
-            return f"{key} {shape[key]} not divisible by tp {tp}"
+    """Why the layout cannot split this shape (the engine's own tp check), or None."""
+    heads = shape["num_attention_heads"]
+    try:
+        check_tp(tp, RankShape(heads, shape["num_key_value_heads"], shape["hidden_size"] // heads,
+                               shape["intermediate_size"]))
+    except LmdError as exc:
+        return str(exc)
     if shape["num_hidden_layers"] < pp:
         return f"{shape['num_hidden_layers']} layers for {pp} stages"
     return None
@@ -119,7 +124,8 @@ def run_layout(ws: Path, args: argparse.Namespace, tp: int, pp: int, prompts: li
 
 def _all_reduce_rank(rank: int, tp: int, port: int, device: str, cases: list[tuple[str, int]], reps: int,
                      out: str) -> None:
-    """One rank of the all-reduce timing: each case is (name, fp16 elements); rank 0 writes the median µs."""
+    """One rank of the all-reduce timing: each case is (name, elements: fp16 on CUDA, fp32 under gloo); rank 0
+    writes the median µs."""
     import torch.distributed as dist
 
     cuda = device == "cuda"
@@ -154,23 +160,27 @@ def _all_reduce_rank(rank: int, tp: int, port: int, device: str, cases: list[tup
     dist.destroy_process_group()
 
 
-def all_reduce_times(tp: int, args: argparse.Namespace, hidden: int) -> dict:
-    """µs per all-reduce over tp ranks: the layer's [batch, hidden] at each batch size, and the bus bandwidth (GB/s)
-    of the large sizes."""
+def all_reduce_times(tp: int, args: argparse.Namespace) -> dict[str, dict]:
+    """Per shape: µs per all-reduce over tp ranks of its layer's [batch, hidden] at each batch size, and the bus
+    bandwidth (GB/s) of the large sizes, which all shapes share (one set of ranks, one sweep)."""
     import torch.multiprocessing as mp
 
     from lmd.turbomind.tp_group import free_port
 
     sizes = TINY_BUS_SIZES_MIB if args.tiny else BUS_SIZES_MIB
     element = 2 if args.device == "cuda" else 4
-    cases = [(f"layer batch {b}", b * hidden) for b in args.batch_sizes]
+    cases = [(f"{name} layer batch {b}", b * SHAPES[name]["hidden_size"]) for name in args.shapes
+             for b in args.batch_sizes]
     cases += [(f"{mib} MiB", mib * 2**20 // element) for mib in sizes]
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp, "timings.json"))
         mp.spawn(_all_reduce_rank, args=(tp, free_port(), args.device, cases, args.reps, out), nprocs=tp, join=True)
         timings = json.loads(Path(out).read_text())
-    bus = {f"{mib} MiB": mib * 2**20 * 2 * (tp - 1) / tp / (timings[f"{mib} MiB"] * 1e-6) / 1e9 for mib in sizes}
-    return {"us": timings, "bus_gb_s": bus}
+    bus_us = {f"{mib} MiB": timings[f"{mib} MiB"] for mib in sizes}
+    bus = {f"{mib} MiB": mib * 2**20 * 2 * (tp - 1) / tp / (bus_us[f"{mib} MiB"] * 1e-6) / 1e9 for mib in sizes}
+    return {name: {"us": {case.removeprefix(f"{name} "): us for case, us in timings.items()
+                          if case.startswith(f"{name} layer ")} | bus_us, "bus_gb_s": bus}
+            for name in args.shapes}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -239,7 +249,7 @@ def print_tables(results: dict, args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    gpus = torch.cuda.device_count() if args.device == "cuda" else 4
+    gpus = torch.cuda.device_count() if args.device == "cuda" else 4  # --tiny: up to 4 gloo ranks on the CPU
     gpu = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
     results: dict = {"gpu": gpu, "gpus": gpus, "torch": torch.__version__, "shapes": {}, "all_reduce": {},
                      "goals": {}}
@@ -271,9 +281,7 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             shutil.rmtree(root, ignore_errors=True)
     for tp in sorted({tp for tp, _ in args.layouts if 1 < tp <= gpus}):
-        for name in args.shapes:
-            hidden = SHAPES[name]["hidden_size"]
-            results["all_reduce"].setdefault(tp, {})[name] = all_reduce_times(tp, args, hidden)
+        results["all_reduce"][tp] = all_reduce_times(tp, args)
     done = {name: {k: v for k, v in r["layouts"].items() if "decode_ms" in v} for name, r in results["shapes"].items()}
     b1 = args.batch_sizes[0]
     if "2x1" in done.get("13b", {}) and "1x1" in done["13b"]:

@@ -16,6 +16,7 @@ copies worth more than L2 (as the probe), its TB/s, and a device-to-device copy 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -45,11 +46,11 @@ TILED_SZ = ENGINE_SZ.replace("(u64)gi * N + col",
 LAYOUTS = ("engine", "tiled", "tiled+sz")
 
 
-def layout_source(layout: str, k: int) -> str:
+def tiled_source(layout: str, k: int) -> str:
+    """The kernel source reading a tiled layout: the engine source with the weight addresses patched."""
     source = gemv.SOURCE
     assert ENGINE_WORDS in source and ENGINE_SZ in source, "w4a16_mma_gemv.cu changed: update this script's patch"
-    if layout != "engine":
-        source = source.replace(ENGINE_WORDS, TILED_WORDS)
+    source = source.replace(ENGINE_WORDS, TILED_WORDS)
     if layout == "tiled+sz":
         source = source.replace(ENGINE_SZ, TILED_SZ)
     return f"#define KROWS {k // 8}\n#define NGROUPS {k // GROUP}\n" + source
@@ -61,27 +62,22 @@ def tile(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(r, n // 64, 64).permute(1, 0, 2).contiguous().reshape(r, n)
 
 
+@functools.cache
+def _tiled_kernel(layout: str, k: int, cfg: gemv.MmaGemvConfig, pdl: bool, device: int) -> nvrtc.Kernel:
+    source = gemv.kernel_source(torch.float16, GROUP, cfg, pdl).replace(gemv.SOURCE, tiled_source(layout, k))
+    return nvrtc.compile_kernel(source, "w4a16_mma_gemv", device)
+
+
 def run(layout: str, cfg: gemv.MmaGemvConfig, x: torch.Tensor, qw: torch.Tensor, s: torch.Tensor,
         z: torch.Tensor) -> torch.Tensor:
+    """The GEMV on the engine layout (lmd's launch), or on a tiled one (the patched kernel, launched as lmd does)."""
+    if layout == "engine":
+        return gemv.mma_gemv(x, qw, s, z, None, cfg)
     k = x.shape[1]
-    source_of = layout_source(layout, k)
-
-    def kernel_for(pdl: bool, device: int) -> nvrtc.Kernel:
-        return _compiled(gemv.kernel_source(torch.float16, GROUP, cfg, pdl).replace(gemv.SOURCE, source_of), device)
-
     grid = gemv.launch_shape(cfg, x.shape[0], qw.shape[1], k, GROUP)
-    return gemv.launch_w4a16(kernel_for, x, qw, s, z, None, grid, [cfg.warps * cfg.groups_per_warp],
-                             grid[0] * grid[1] if grid[2] > 1 else 0, 32 * cfg.warps,
-                             shared_bytes=cfg.shared_bytes(GROUP))
-
-
-_KERNELS: dict[tuple[str, int], nvrtc.Kernel] = {}
-
-
-def _compiled(source: str, device: int) -> nvrtc.Kernel:
-    if (source, device) not in _KERNELS:
-        _KERNELS[source, device] = nvrtc.compile_kernel(source, "w4a16_mma_gemv", device)
-    return _KERNELS[source, device]
+    return gemv.launch_w4a16(lambda pdl, device: _tiled_kernel(layout, k, cfg, pdl, device), x, qw, s, z, None,
+                             grid, [cfg.warps * cfg.groups_per_warp], grid[0] * grid[1] if grid[2] > 1 else 0,
+                             32 * cfg.warps, shared_bytes=cfg.shared_bytes(GROUP))
 
 
 def operands(layout: str, qw: torch.Tensor, s: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -90,9 +86,13 @@ def operands(layout: str, qw: torch.Tensor, s: torch.Tensor, z: torch.Tensor) ->
     return (tile(qw), tile(s), tile(z)) if layout == "tiled+sz" else (tile(qw), s, z)
 
 
-def parse_config(text: str) -> gemv.MmaGemvConfig:
-    fields = {part[0]: part[1:] for part in text.split() if "-" not in part}
-    return gemv.MmaGemvConfig(int(fields["m"]), int(fields["w"]), int(fields["g"]), bool(int(fields.get("p", "f0")[1:])))
+def parse_config(text: str, n: int, k: int) -> gemv.MmaGemvConfig:
+    """The tuner config at M = 1 whose name is `text` (with or without the leading "mma-gemv ")."""
+    configs = {c.name(): c for c in gemv.tuner_configs(1, n, k, GROUP, staged=True)}
+    cfg = configs.get(text if text.startswith("mma-gemv ") else f"mma-gemv {text}")
+    if cfg is None:
+        raise SystemExit(f"--config {text}: not a tuner config at M = 1; one of {', '.join(configs)}")
+    return cfg
 
 
 def ncu_target(shape: str, layout: str, config: str) -> None:
@@ -100,9 +100,9 @@ def ncu_target(shape: str, layout: str, config: str) -> None:
     n, k = (int(v) for v in shape.split("x"))
     qw, s, z = random_weight(n, k, GROUP, torch.float16, torch.device("cuda"))
     x = torch.randn(1, k, device="cuda", dtype=torch.float16)
-    ops = operands(layout, qw, s, z)
+    ops, cfg = operands(layout, qw, s, z), parse_config(config, n, k)
     for _ in range(5):
-        run(layout, parse_config(config), x, *ops)
+        run(layout, cfg, x, *ops)
     torch.cuda.synchronize()
 
 
@@ -129,15 +129,14 @@ def bench(n: int, k: int, layouts: list[str]) -> dict:
             if output_is_wrong(y, ref):  # split-K adds in fp32 atomically: equal to a rounding, not bit for bit
                 print(f"{layout} {cfg.name()} {n}x{k}: WRONG OUTPUT, not timed", flush=True)
                 continue
-            timings[cfg.name()] = graph_ms([lambda w=w, c=cfg, lay=layout: run(lay, c, x, *w) for w in weights],
-                                           30) * 1000.0
+            timings[cfg] = graph_ms([lambda w=w, c=cfg, lay=layout: run(lay, c, x, *w) for w in weights], 30) * 1e3
         del weights
-        for kind in ("registers", "staged"):
-            mine = {name: us for name, us in timings.items() if (" st" in name) == (kind == "staged")}
+        for staged in (False, True):
+            mine = {cfg.name(): us for cfg, us in timings.items() if bool(cfg.stages) == staged}
             if not mine:
                 continue
             best = min(mine, key=mine.get)
-            variant = layout if kind == "registers" else f"{layout} staged"
+            variant = f"{layout} staged" if staged else layout
             result["layouts"][variant] = {"best": best, "us": mine[best],
                                           "tb_s": q_bytes / (mine[best] * 1e-6) / 1e12, "timings": mine}
             print(f"{n}x{k} {variant:14} best {best:30} {mine[best]:6.1f} µs "
@@ -163,8 +162,7 @@ def main() -> None:
     (out / "w4a16_gemv_layout.json").write_text(json.dumps(rows, indent=1))
     print(f"\n{torch.cuda.get_device_name()}, M = 1, group {GROUP}: best mma-gemv config per layout, µs (TB/s of "
           "words, scales and zeros); copy: the same bytes copied device to device (TB/s read + written)")
-    variants = [v for r in rows for v in r["layouts"]]
-    variants = list(dict.fromkeys(variants))
+    variants = list(dict.fromkeys(v for r in rows for v in r["layouts"]))
     print(f"{'N x K':>12} " + " ".join(f"{v:>16}" for v in variants) + f" {'copy':>6}")
     for r in rows:
         cells = " ".join((f"{r['layouts'][v]['us']:.1f} ({r['layouts'][v]['tb_s']:.2f})" if v in r["layouts"]

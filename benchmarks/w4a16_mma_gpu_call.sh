@@ -8,22 +8,23 @@
 #           LMD_W4A16_CUDA=0 (the Triton plans), default (unset: the GEMV to 16 rows) or 1 (all the CUDA kernels);
 #           no arguments: 0 then 1 (about 1.5-2.5 minutes a run);
 #   serve:  the 1000 real-length requests (benchmarks/serving_workloads.py, workload real): lmd fp16, then lmd int4
-#           with all the CUDA kernels offered (LMD_W4A16_CUDA=1) and LMDeploy 0.18 PT serving the same codes as AWQ
+#           with the default kernels and LMDeploy 0.18 PT serving the same codes as AWQ
 #           (about 9 minutes; carry .peers, with .peers/serving_lengths.json written here by
 #           `serving_workloads.py --prepare`);
 #   steps:  the int4 decode step by kernel (benchmarks/decode_step_kernels.py: graph replay, eager kernel times, each
 #           linear's W4A16 kernel in the step, the tuner's timings) at batch 1 and 16 with the default CUDA kernels
-#           (the GEMV to 16 rows) and with none (LMD_W4A16_CUDA=0) (about 2-3 minutes).
+#           (the GEMV to 16 rows) and with none (LMD_W4A16_CUDA=0) (about 3-4 minutes);
 #   layout: the GEMV at M = 1 on the engine layout against tiled copies of the weights
 #           (benchmarks/w4a16_gemv_layout.py), then ncu on 22016x4096 with and without the register double
 #           buffer (about 3 minutes).
-#     bash benchmarks/w4a16_mma_gpu_call.sh probe [probe flags] | decode [fp16|0|default|1 ...] | serve | steps | layout [flags]
+#     bash benchmarks/w4a16_mma_gpu_call.sh probe [flags] | decode [fp16|0|default|1 ...] | serve | steps
+#                                           | layout [flags]
 # Full results in folders under $OUT, one a step or variant; the last lines printed are the tables.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 OUT="${OUT:-$PWD/out}"
-step="${1:?usage: w4a16_mma_gpu_call.sh probe [flags] | decode | serve | steps}"
+step="${1:?usage: w4a16_mma_gpu_call.sh probe [flags] | decode [variants] | serve | steps | layout [flags]}"
 shift
 case "$step" in
 probe)
@@ -62,13 +63,13 @@ serve)
         --out "$OUT/int4" 2>&1 | tee "$OUT/int4/log.txt" | tail -12
     ;;
 steps)
-    for run in "1 default 1" "1 0 1" "16 default 1" "16 0 1"; do
-        read -r batch cuda pdl <<<"$run"
-        name="b${batch}_cuda${cuda}_pdl${pdl}"
+    for run in "1 default" "1 0" "16 default" "16 0"; do
+        read -r batch cuda <<<"$run"
+        name="b${batch}_cuda${cuda}"
         mkdir -p "$OUT/$name"
-        echo "== batch $batch, LMD_W4A16_CUDA=$cuda, LMD_PDL=$pdl"
+        echo "== batch $batch, LMD_W4A16_CUDA=$cuda"
         [ "$cuda" = default ] && cuda=""
-        LMD_W4A16_CUDA=$cuda LMD_PDL=$pdl OUT="$OUT/$name" python3 benchmarks/decode_step_kernels.py --weights int4 \
+        LMD_W4A16_CUDA=$cuda OUT="$OUT/$name" python3 benchmarks/decode_step_kernels.py --weights int4 \
             --batch "$batch" --contexts 128 --steps 10 > "$OUT/$name/log.txt" 2>&1 || tail -20 "$OUT/$name/log.txt"
         grep -E "graph replay|^  GEMM|^  attention|^  fused|  w4a16 |^  [0-9]+ rows [0-9]+x" "$OUT/$name/log.txt"
     done
@@ -77,18 +78,17 @@ layout)
     mkdir -p "$OUT/layout"
     OUT="$OUT/layout" python3 benchmarks/w4a16_gemv_layout.py "$@" 2>&1 | tee "$OUT/layout/log.txt" | tail -8
     for cfg in "m8 w8 g4 pf1" "m8 w8 g4 pf0"; do
-        layout=engine
         ncu --clock-control none -k regex:w4a16_mma_gemv --launch-skip 2 --launch-count 1 --section SpeedOfLight \
             --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
-            python3 benchmarks/w4a16_gemv_layout.py --ncu 22016x4096 --layout "$layout" --config "$cfg" \
+            python3 benchmarks/w4a16_gemv_layout.py --ncu 22016x4096 --config "$cfg" \
             > "$OUT/layout/ncu_${cfg// /_}.txt" 2>&1 || tail -5 "$OUT/layout/ncu_${cfg// /_}.txt"
-        echo "== ncu, 22016x4096, $cfg, $layout layout"
+        echo "== ncu, 22016x4096, $cfg, engine layout"
         grep -E "DRAM Throughput|Memory Throughput|Duration|L2 Hit Rate|Achieved Occupancy|Registers Per|Waves Per" \
             "$OUT/layout/ncu_${cfg// /_}.txt" | head -12
     done
     ;;
 *)
-    echo "unknown step $step: probe, decode, serve or steps" >&2
+    echo "unknown step $step: probe, decode, serve, steps or layout" >&2
     exit 2
     ;;
 esac

@@ -161,5 +161,6 @@ def test_flags_are_checked(script):
     with pytest.raises(SystemExit, match="at least 1"):
         script.parse_args(["--tp", "0", "--no-peer"])
     args = script.parse_args(["--tp", "2", "--no-peer"])
-    settings = script.Settings("cuda", 2048, 256, 8192, 0.5, 64, 1024, 1024, 0, args.tp)
-    assert settings.engine_options("fp16")["tp"] == 2 and script.Settings(*[0] * 9).engine_options("fp16")["tp"] == 1
+    shared = ("cuda", 2048, 256, 8192, 0.5, 64, 1024, 1024, 0)
+    assert script.Settings(*shared, args.tp).engine_options("fp16")["tp"] == 2
+    assert script.Settings(*shared).engine_options("fp16")["tp"] == 1

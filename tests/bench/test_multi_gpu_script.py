@@ -32,7 +32,7 @@ def test_tiny_run_checks_tokens_times_layouts_and_all_reduces(script, tmp_path, 
     results = json.loads((tmp_path / "multi_gpu.json").read_text())
     layouts = results["shapes"]["tiny"]["layouts"]
     assert list(layouts) == ["1x1", "2x1", "1x2", "4x1"]  # 1x1 first: the tokens' reference
-    assert "num_key_value_heads 2 not divisible by tp 4" in layouts["4x1"]["skipped"]
+    assert "--tp 4 does not divide head_num=4, kv_head_num=2" in layouts["4x1"]["skipped"]
     for label in ("1x1", "2x1", "1x2"):
         r = layouts[label]
         assert r["first_difference"] is None and len(r["tokens"]) == 3 and all(len(t) == 6 for t in r["tokens"])

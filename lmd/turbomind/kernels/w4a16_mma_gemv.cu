@@ -1,7 +1,7 @@
 // W4A16 on mma.sync for 1-128 token rows. The design, the fragment plan and the invariants: w4a16_mma_gemv.py.
 // Compiled at run time by NVRTC with the defines kernel_source() prepends (BF16, MB, GSTEPS, WARPS, PREFETCH,
-// STAGES, WORD_DECODE, PDL), w4a16_mma_fragment.cuh (the decode and MMA helpers) and cuda_pipeline.cuh (cp.async);
-// tests/turbomind/kernels/mma_gemv_lanes.py emulates it lane by lane.
+// STAGES, STAGE_BYTES, WORD_DECODE, PDL), w4a16_mma_fragment.cuh (the decode and MMA helpers) and
+// cuda_pipeline.cuh (cp.async); tests/turbomind/kernels/mma_gemv_lanes.py emulates it lane by lane.
 
 // From 32 token rows on (MB >= 4) the per-group fold would need a second accumulator set: the weights are
 // dequantized in registers instead, w = (v - offset) * (C s) + z in two packed ops, and the MMA sums over all groups.
@@ -62,7 +62,7 @@ __device__ __forceinline__ void load_weights(Group& d, const u32* qw, const u16*
 // flight are not bounded by registers. A stage holds one group as its lanes load it: slot (s, half) of the words is
 // 32 lanes x 16 bytes, then scales low/high and zeros low/high, 32 lanes x 8 bytes each. Each lane copies and reads
 // back only its own slots, so its cp.async.wait_group alone orders its copies before its reads (no barrier).
-#define STAGE_BYTES (GSTEPS * 2 * 512 + 4 * 256)
+// STAGE_BYTES, defined by kernel_source(), is GSTEPS * 2 * 512 + 4 * 256.
 
 __device__ __forceinline__ void copy8(u32 dst, const void* src) {  // 8 bytes global -> shared (cp.async.cg is 16 only)
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(src));

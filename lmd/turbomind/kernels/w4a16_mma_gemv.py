@@ -91,9 +91,14 @@ class MmaGemvConfig:
                 f"{'' if self.word_decode else ' pair'}{f' st{self.stages}' if self.stages else ''}")
 
     def shared_bytes(self, group: int) -> int:
-        """Dynamic shared memory of a launch: each warp's stages (a group's words, then 4 x 32 lanes x 8 bytes of
-        scales and zeros; STAGE_BYTES in the .cu)."""
-        return self.warps * self.stages * ((group // 32) * 2 * 512 + 4 * 256)
+        """Dynamic shared memory of a launch: each warp's stages."""
+        return self.warps * self.stages * stage_bytes(group)
+
+
+def stage_bytes(group: int) -> int:
+    """One stage of the staged configs (STAGE_BYTES in the .cu): a group's words, two 32-lane x 16-byte slots a k32
+    step, then scales and zeros, four 32-lane x 8-byte slots."""
+    return (group // 32) * 2 * 512 + 4 * 256
 
 
 def supports(n: int, k: int, group: int) -> bool:
@@ -154,7 +159,7 @@ def word_decode(dtype: torch.dtype, cfg: MmaGemvConfig) -> bool:
 def kernel_source(dtype: torch.dtype, group: int, cfg: MmaGemvConfig, pdl: bool = False) -> str:
     defines = {"BF16": int(dtype == torch.bfloat16), "MB": cfg.block_m // 8, "GSTEPS": group // 32,
                "WARPS": cfg.warps, "PREFETCH": int(cfg.prefetch), "STAGES": cfg.stages,
-               "WORD_DECODE": int(word_decode(dtype, cfg)), "PDL": int(pdl)}
+               "STAGE_BYTES": stage_bytes(group), "WORD_DECODE": int(word_decode(dtype, cfg)), "PDL": int(pdl)}
     return "".join(f"#define {k} {v}\n" for k, v in defines.items()) + FRAGMENT + PIPELINE + SOURCE
 
 
