@@ -17,14 +17,17 @@
 #   layout: the GEMV at M = 1 on the engine layout against tiled copies of the weights
 #           (benchmarks/w4a16_gemv_layout.py), then ncu on 22016x4096 with and without the register double
 #           buffer (about 3 minutes).
+#   wgmma:  what bounds the wgmma GEMM from 256 rows (benchmarks/w4a16_wgmma_bound.py: the kernel as built beside
+#           copies without the decode, the raw-word loads or both, and fp16 cuBLAS), then ncu on the RS and bare
+#           RS kernel at 1024 rows of 12288x4096, with stall samples by SASS line (about 4 minutes).
 #     bash benchmarks/w4a16_mma_gpu_call.sh probe [flags] | decode [fp16|0|default|1 ...] | serve | steps
-#                                           | layout [flags]
+#                                           | layout [flags] | wgmma [flags]
 # Full results in folders under $OUT, one a step or variant; the last lines printed are the tables.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 OUT="${OUT:-$PWD/out}"
-step="${1:?usage: w4a16_mma_gpu_call.sh probe [flags] | decode [variants] | serve | steps | layout [flags]}"
+step="${1:?usage: w4a16_mma_gpu_call.sh probe [flags] | decode [variants] | serve | steps | layout [flags] | wgmma [flags]}"
 shift
 case "$step" in
 probe)
@@ -87,8 +90,27 @@ layout)
             "$OUT/layout/ncu_${cfg// /_}.txt" | head -12
     done
     ;;
+wgmma)
+    mkdir -p "$OUT/wgmma"
+    OUT="$OUT/wgmma" python3 benchmarks/w4a16_wgmma_bound.py "$@" 2>&1 | tee "$OUT/wgmma/log.txt" | tail -8
+    export PATH=$PATH:/usr/local/cuda/bin
+    for variant in rs rs-bare; do
+        rep="$OUT/wgmma/ncu_$variant"
+        ncu --clock-control none -k regex:w4a16_wgmma --launch-skip 2 --launch-count 1 --import-source no \
+            --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+            --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
+            --section SourceCounters -o "$rep" -f \
+            python3 benchmarks/w4a16_wgmma_bound.py --ncu 12288x4096 --m 1024 --variant "$variant" \
+            > "$rep.log" 2>&1 || tail -5 "$rep.log"
+        ncu --import "$rep.ncu-rep" > "$rep.txt" 2>&1 || true
+        ncu --import "$rep.ncu-rep" --page source --print-source sass --csv > "$rep.sass.csv" 2>&1 || true
+        echo "== ncu, 12288x4096, M 1024, wgmma n256 t128 s6 k1 rs, variant $variant"
+        grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Through|Issue Slots Busy|Issued Warp|No Eligible|Registers Per|Shared Memory Conf|Bank" \
+            "$rep.txt" | head -14
+    done
+    ;;
 *)
-    echo "unknown step $step: probe, decode, serve, steps or layout" >&2
+    echo "unknown step $step: probe, decode, serve, steps, layout or wgmma" >&2
     exit 2
     ;;
 esac

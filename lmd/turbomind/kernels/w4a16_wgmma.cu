@@ -3,7 +3,7 @@
 // two consumer warpgroups run wgmma on it (RS: the consumers decode their A fragments into registers themselves,
 // the producer only copies); stream-K over the CTAs. Design and invariants: w4a16_wgmma.py. Compiled
 // at run time by NVRTC after the defines kernel_source() prepends (BF16, WORD_DECODE, BN, BT, STAGES, GROUP, PDL,
-// CTAS_PER_SM), w4a16_mma_fragment.cuh, cuda_pipeline.cuh and wgmma_tile (the wgmma statement for n = BT);
+// CTAS_PER_SM, RS, the stage layout), w4a16_mma_fragment.cuh, cuda_pipeline.cuh and wgmma_tile (the wgmma statement for n = BT);
 // tests/turbomind/kernels/wgmma_lanes.py emulates it, test_wgmma_pipeline_protocol.py models its barriers.
 
 #define THREADS 384               // warpgroup 0: producer; 1, 2: consumers
@@ -22,20 +22,18 @@
 #define CONSUMER_REGISTERS 208
 #endif
 
-// one stage: raw words [8][BN] u32, scales and zeros [SROWS][BN] halves each, then x and the dequantized A tile in
-// wgmma's canonical K-major layout without swizzle: 8 x 8 core matrices of 128 contiguous bytes (8 rows of 16
+// one stage (the offsets and its size come with the defines, from stage_layout() in the .py): x [BT][64] at
+// X_OFFSET in the 128-byte swizzle, then (not under RS) the dequantized A tile, raw words [8][BN] u32 at
+// RAW_OFFSET, scales [SROWS][BN] halves at SC_OFFSET, zeros SC_BYTES after them. STAGE_BYTES is whole 1024-byte
+// swizzle atoms, so that every stage's x starts on one.
+// x: token m's 64 k are the 128-byte row m (atom m / 8, row m % 8 of it), its 16-byte chunk c at c ^ (m % 8); wgmma
+// reads it through a descriptor of the 128-byte swizzle, which applies the same XOR (address bits 4-6 with 7-9).
+__device__ __forceinline__ u32 x_offset(int m, int c) { return X_OFFSET + m * 128 + ((c ^ (m & 7)) << 4); }
+
+// A: wgmma's canonical K-major layout without swizzle, 8 x 8 core matrices of 128 contiguous bytes (8 rows of 16
 // bytes, 8 k each), core (row / 8, k / 8) at (row / 8) * CORE_SBO + (k / 8) * CORE_LBO
 #define CORE_LBO 128              // between core matrices adjacent in k
 #define CORE_SBO 1024             // between core matrices adjacent in rows (8 of them cover the stage's 64 k)
-#define RAW_BYTES (8 * BN * 4)
-#define SC_BYTES (SROWS * BN * 2) // the scales; the zeros follow
-#define X_OFFSET (RAW_BYTES + 2 * SC_BYTES)
-#define A_OFFSET (X_OFFSET + BT * BK * 2)
-#if RS
-#define STAGE_BYTES A_OFFSET      // RS: the consumers dequantize into registers, no A tile in shared memory
-#else
-#define STAGE_BYTES (A_OFFSET + BN * BK * 2)
-#endif
 
 __device__ __forceinline__ u32 core_offset(int row, int k8) {  // k8: the 8-wide k chunk within the stage
     return (row >> 3) * CORE_SBO + k8 * CORE_LBO + (row & 7) * 16;
@@ -46,6 +44,12 @@ __device__ __forceinline__ void producers_sync() { asm volatile("bar.sync 1, 128
 // a shared-memory matrix descriptor: start address, leading (k) and stride (row) byte offsets, no swizzle
 __device__ __forceinline__ u64 matrix_descriptor(u32 address) {
     return (u64)((address & 0x3FFFF) >> 4) | ((u64)(CORE_LBO >> 4) << 16) | ((u64)(CORE_SBO >> 4) << 32);
+}
+
+// x's descriptor: the 128-byte swizzle (layout type 1 at bit 62), 1024 bytes between 8-row atoms (SBO), the
+// leading offset unused (1); a k16 step moves the start 32 bytes into the row, the atom staying 1024-aligned
+__device__ __forceinline__ u64 swizzled_descriptor(u32 address) {
+    return (u64)((address & 0x3FFFF) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
@@ -94,8 +98,8 @@ __device__ __forceinline__ U4 dequant_word(u32 q, u32 cs2, u32 z2, u32 one, u32 
 }
 
 // The producer's share of a stage's copies (thread p of 128): raw word chunks p + 128 u (row r, 4 channels at c),
-// one scale or zero chunk (p < 4 SROWS BN / 8), x chunks p + 128 u as (token m, k chunk c) with m % 8 fastest,
-// so that 8 neighbouring threads fill one core matrix.
+// one scale or zero chunk (p < 4 SROWS BN / 8), x chunks p + 128 u as (token m, k chunk c) with c fastest, so
+// that 8 neighbouring threads copy one token's 128 bytes (whole sectors) into one swizzled row (all 32 banks).
 #define RAW_STEP (128 / (BN / 4))
 #define X_PER (BT * 8 / 128)
 __device__ __forceinline__ void copy_weights(u32 stage, const u32* qw, const u16* scales, const u16* zeros, int N,
@@ -105,12 +109,12 @@ __device__ __forceinline__ void copy_weights(u32 stage, const u32* qw, const u16
 #pragma unroll
     for (int u = 0; u < 8 / RAW_STEP; ++u) {
         const int r = r0 + u * RAW_STEP;
-        copy16(stage + r * BN * 4 + c * 16, qw + (u64)(kt * 8 + r) * N + n0 + 4 * c, true);
+        copy16(stage + RAW_OFFSET + r * BN * 4 + c * 16, qw + (u64)(kt * 8 + r) * N + n0 + 4 * c, true);
     }
     if (p < 2 * SROWS * (BN / 8)) {
         const int which = p / (SROWS * (BN / 8)), r = (p / (BN / 8)) % SROWS, sc = p % (BN / 8);
         const u16* src = (which ? zeros : scales) + (u64)((kt * BK + r * 32) / GROUP) * N + n0 + 8 * sc;
-        copy16(stage + RAW_BYTES + which * SC_BYTES + r * BN * 2 + sc * 16, src, true);
+        copy16(stage + SC_OFFSET + which * SC_BYTES + r * BN * 2 + sc * 16, src, true);
     }
 }
 
@@ -119,9 +123,9 @@ __device__ __forceinline__ void copy_x(u32 stage, const u16* x, int M, int K, in
 #pragma unroll
     for (int u = 0; u < X_PER; ++u) {
         const int i = p + u * 128;
-        const int m = (i >> 6) * 8 + (i & 7), c = (i >> 3) & 7;
+        const int m = i >> 3, c = i & 7;
         const bool valid = m < M;
-        copy16(stage + X_OFFSET + core_offset(m, c), x + (u64)(valid ? m : 0) * K + kt * BK + c * 8, valid);
+        copy16(stage + x_offset(m, c), x + (u64)(valid ? m : 0) * K + kt * BK + c * 8, valid);
     }
 }
 
@@ -135,12 +139,12 @@ __device__ __forceinline__ void dequant_stage(u32 stage, u32 scale_c2, u32 one, 
 #pragma unroll
         for (int r = 0; r < 8; ++r) {
             if (r == 0 || (SROWS == 2 && r == 4)) {  // the group row of k 8r (two in a stage at group 32)
-                const u32 at = stage + RAW_BYTES + (r / 4) % SROWS * BN * 2 + n * 2;
+                const u32 at = stage + SC_OFFSET + (r / 4) % SROWS * BN * 2 + n * 2;
                 const u32 s = lds16(at), z = lds16(at + SC_BYTES);
                 cs2 = hmul2(s | ((u32)s << 16), scale_c2);  // u32: a u16 shifted as int would overflow
                 z2 = z | ((u32)z << 16);
             }
-            const u32 q = lds32(stage + r * BN * 4 + n * 4);
+            const u32 q = lds32(stage + RAW_OFFSET + r * BN * 4 + n * 4);
             sts128(stage + A_OFFSET + core_offset(n, r), dequant_word(q, cs2, z2, one, sixteen, offset_a));
         }
     }
@@ -194,6 +198,7 @@ w4a16_wgmma(const u16* __restrict__ x, const u32* __restrict__ qw, const u16* __
     const int count = (int)((blockIdx.x + 1) * total / gridDim.x - it0);
     const u32 base = smem_address(smem), full = smem_address(barriers), empty = full + 8 * STAGES;
     if (threadIdx.x == 0) {
+        if (base & 1023) __trap();  // the swizzle atoms of x must be 1024-aligned (the extern's __align__)
         for (int s = 0; s < STAGES; ++s) {
             barrier_init(full + 8 * s, 1);
             barrier_init(empty + 8 * s, 2);
@@ -281,7 +286,7 @@ w4a16_wgmma(const u16* __restrict__ x, const u32* __restrict__ qw, const u16* __
                 for (int e = 0; e < SLICES; ++e) {
                     const int n = (slice0 + e) * 64 + 16 * w4 + g;  // fragment rows g and g + 8
                     if (kk == 0 || (SROWS == 2 && kk == 2)) {  // the group row of k 16 kk
-                        const u32 at = stage + RAW_BYTES + (kk / 2) % SROWS * BN * 2 + n * 2;
+                        const u32 at = stage + SC_OFFSET + (kk / 2) % SROWS * BN * 2 + n * 2;
 #pragma unroll
                         for (int h = 0; h < 2; ++h) {
                             const u32 sc = lds16(at + 16 * h), z = lds16(at + SC_BYTES + 16 * h);
@@ -292,7 +297,7 @@ w4a16_wgmma(const u16* __restrict__ x, const u32* __restrict__ qw, const u16* __
                     // a0: row g, k 2t, 2t + 1 (word row 2 kk); a1: row g + 8; a2, a3: k 2t + 8, 2t + 9 (row 2 kk + 1)
 #pragma unroll
                     for (int r = 0; r < 4; ++r) {
-                        const u32 q = lds32(stage + (2 * kk + (r >> 1)) * BN * 4 + (n + 8 * (r & 1)) * 4);
+                        const u32 q = lds32(stage + RAW_OFFSET + (2 * kk + (r >> 1)) * BN * 4 + (n + 8 * (r & 1)) * 4);
                         a[kk & 1][e][r] = natural_pair(q, pair_select, cs2[e][r & 1], z2[e][r & 1]);
                     }
                 }
@@ -301,7 +306,7 @@ w4a16_wgmma(const u16* __restrict__ x, const u32* __restrict__ qw, const u16* __
                 wgmma_fence();
 #pragma unroll
                 for (int e = 0; e < SLICES; ++e)
-                    wgmma_tile_rs(d[e], a[kk & 1][e], matrix_descriptor(stage + X_OFFSET + kk * 2 * CORE_LBO),
+                    wgmma_tile_rs(d[e], a[kk & 1][e], swizzled_descriptor(stage + X_OFFSET + kk * 32),
                                   step > 0 || kk > 0);
                 wgmma_commit();
                 wgmma_wait<1>();  // the step before is done: its registers, and at kk 0 the previous stage, are free
@@ -323,7 +328,7 @@ w4a16_wgmma(const u16* __restrict__ x, const u32* __restrict__ qw, const u16* __
                 for (int e = 0; e < SLICES; ++e)
                     wgmma_tile(d[e],
                                matrix_descriptor(stage + A_OFFSET + (slice0 + e) * 8 * CORE_SBO + kk * 2 * CORE_LBO),
-                               matrix_descriptor(stage + X_OFFSET + kk * 2 * CORE_LBO), step > 0 || kk > 0);
+                               swizzled_descriptor(stage + X_OFFSET + kk * 32), step > 0 || kk > 0);
             wgmma_commit();
             wgmma_wait<1>();  // iteration i - 1's group is done: its stage goes back to the producer, if not yet
 #pragma unroll

@@ -22,9 +22,12 @@ of the self-cleaning split-K workspace (`w4a16_epilogue`; min(G, tiles) slots of
 writes it. `split` sets G: one CTA a tile (1), that many a tile (2, 3, ...), or as many as the SMs hold at once
 (0, "stream").
 
-x and A sit in wgmma's canonical K-major layout without swizzle: 8 x 8 core matrices of 128 contiguous bytes, core
-(row / 8, k / 8) at (row / 8) 1024 + (k / 8) 128, so a cp.async chunk or a dequantized word is one 16-byte row of a
-core matrix and 8 neighbouring threads fill one. Accumulators: BT / 2 fp32 a thread per slice (a consumer holds
+x sits in the 128-byte swizzle, K-major: token m's 64 k are one 128-byte row, its 16-byte chunk c at c ^ (m % 8),
+in 1024-byte atoms of 8 rows, and wgmma reads it through a swizzled descriptor. 8 neighbouring threads copy one
+token's 128 bytes: whole 32-byte sectors from the L2 and all 32 banks (with the unswizzled layout's 8 rows of one
+chunk a copy phase, each sector went out twice and x's copies held the L2 at ~70 % busy at 1024 rows). A sits in
+wgmma's canonical K-major layout without swizzle: 8 x 8 core matrices of 128 contiguous bytes, core (row / 8,
+k / 8) at (row / 8) 1024 + (k / 8) 128, so a dequantized word is one 16-byte row of a core matrix. Accumulators: BT / 2 fp32 a thread per slice (a consumer holds
 BN / 128 slices); setmaxnreg gives the consumers most of the registers.
 
 The PyTorch twin is the mma.sync GEMM's (`mma_gemm_reference`: the same decode and dequant rounding); CI runs a
@@ -76,11 +79,25 @@ class WgmmaConfig:
                 f"{'' if self.word_decode else ' pair'}{' rs' if self.rs else ''}")
 
 
-def stage_bytes(cfg: WgmmaConfig, group: int) -> int:
-    """Raw words, scales and zeros, x and (not under RS) the dequantized A tile of one k tile (the .cu's layout)."""
+SWIZZLE_ATOM = 1024  # 8 rows of 128 bytes: the 128-byte swizzle's pattern, which x's tile must start on
+
+
+def stage_layout(cfg: WgmmaConfig, group: int) -> dict[str, int]:
+    """Byte offsets within one k tile's stage and its size, the .cu's defines: x [BT][64] in the 128-byte swizzle
+    first, then the dequantized A tile (not under RS), the raw words [8][BN] u32, the scales and the zeros
+    [SROWS][BN] each; the size in whole swizzle atoms, so that every stage's x starts on one."""
     scale_rows = BLOCK_K // group if group < BLOCK_K else 1
-    a_tile = 0 if cfg.rs else cfg.block_n * BLOCK_K * 2
-    return 8 * cfg.block_n * 4 + 2 * scale_rows * cfg.block_n * 2 + cfg.block_t * BLOCK_K * 2 + a_tile
+    a_offset = cfg.block_t * BLOCK_K * 2
+    raw_offset = a_offset + (0 if cfg.rs else cfg.block_n * BLOCK_K * 2)
+    sc_offset = raw_offset + 8 * cfg.block_n * 4
+    sc_bytes = scale_rows * cfg.block_n * 2
+    size = -(-(sc_offset + 2 * sc_bytes) // SWIZZLE_ATOM) * SWIZZLE_ATOM
+    return {"X_OFFSET": 0, "A_OFFSET": a_offset, "RAW_OFFSET": raw_offset, "SC_OFFSET": sc_offset,
+            "SC_BYTES": sc_bytes, "STAGE_BYTES": size}
+
+
+def stage_bytes(cfg: WgmmaConfig, group: int) -> int:
+    return stage_layout(cfg, group)["STAGE_BYTES"]
 
 
 def shared_bytes(cfg: WgmmaConfig, group: int) -> int:
@@ -175,7 +192,7 @@ def wgmma_tile_source(dtype: torch.dtype, block_t: int, rs: bool) -> str:
 def kernel_source(dtype: torch.dtype, group: int, cfg: WgmmaConfig, pdl: bool = False) -> str:
     defines = {"BF16": int(dtype == torch.bfloat16), "WORD_DECODE": int(cfg.word_decode and dtype == torch.float16),
                "BN": cfg.block_n, "BT": cfg.block_t, "STAGES": cfg.stages, "GROUP": group, "PDL": int(pdl),
-               "CTAS_PER_SM": ctas_per_sm(cfg, group), "RS": int(cfg.rs)}
+               "CTAS_PER_SM": ctas_per_sm(cfg, group), "RS": int(cfg.rs), **stage_layout(cfg, group)}
     return ("".join(f"#define {k} {v}\n" for k, v in defines.items()) + FRAGMENT + PIPELINE
             + wgmma_tile_source(dtype, cfg.block_t, cfg.rs) + SOURCE)
 

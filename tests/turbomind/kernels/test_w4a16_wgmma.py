@@ -58,6 +58,29 @@ def test_the_emulation_reads_through_the_descriptors(monkeypatch) -> None:
     assert row_errors(y, ref).max() > 0.1
 
 
+def test_the_emulation_reads_x_through_the_swizzle(monkeypatch) -> None:
+    """x's descriptor without the 128-byte swizzle (layout type 0; the layout written is unchanged) computes wrong,
+    and so does one whose k16 step moves by an unswizzled core matrix's 256 bytes: the emulation applies the XOR."""
+    qweight, scales, zeros, x, bias, ref = lane_case(128, 256, 128, 64, torch.float16)
+    encode = wgmma_lanes.swizzled_descriptor
+    monkeypatch.setattr(wgmma_lanes, "swizzled_descriptor", lambda address: encode(address) & ~(3 << 62))
+    y, _ = wgmma_lanes.run(x, qweight, scales, zeros, bias, WgmmaConfig(128, 64, 3, rs=True))
+    assert row_errors(y, ref).max() > 0.1
+
+
+def test_stage_layout() -> None:
+    """Every stage's x starts on a 1024-byte swizzle atom, and the regions follow one another without overlap."""
+    for cfg in (WgmmaConfig(128, 64, 3), WgmmaConfig(256, 128, 6, rs=True), WgmmaConfig(128, 256, 4)):
+        for group in (32, 64, 128):
+            layout = kernel.stage_layout(cfg, group)
+            assert layout["X_OFFSET"] == 0 and layout["STAGE_BYTES"] % 1024 == 0
+            assert layout["A_OFFSET"] == cfg.block_t * 128
+            assert layout["RAW_OFFSET"] == layout["A_OFFSET"] + (0 if cfg.rs else cfg.block_n * 128)
+            assert layout["SC_OFFSET"] == layout["RAW_OFFSET"] + 32 * cfg.block_n
+            assert layout["SC_OFFSET"] + 2 * layout["SC_BYTES"] <= layout["STAGE_BYTES"]
+            assert layout["STAGE_BYTES"] - (layout["SC_OFFSET"] + 2 * layout["SC_BYTES"]) < 1024
+
+
 def test_the_rs_emulation_catches_a_wrong_pair_selector(monkeypatch) -> None:
     """RS: each lane's PRMT selector picks byte t of the word; the neighbouring byte (t + 1) computes wrong."""
     qweight, scales, zeros, x, bias, ref = lane_case(128, 256, 128, 64, torch.float16)
@@ -71,8 +94,9 @@ def test_the_emulation_reads_the_layout_the_source_uses() -> None:
     for text in ("#define CORE_LBO 128", "#define CORE_SBO 1024",
                  "(row >> 3) * CORE_SBO + k8 * CORE_LBO + (row & 7) * 16",
                  "((u64)(CORE_LBO >> 4) << 16) | ((u64)(CORE_SBO >> 4) << 32)",
-                 "(i >> 6) * 8 + (i & 7), c = (i >> 3) & 7",
-                 "(slice0 + e) * 8 * CORE_SBO + kk * 2 * CORE_LBO", "X_OFFSET + kk * 2 * CORE_LBO",
+                 "const int m = i >> 3, c = i & 7;", "X_OFFSET + m * 128 + ((c ^ (m & 7)) << 4)",
+                 "((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62)",
+                 "(slice0 + e) * 8 * CORE_SBO + kk * 2 * CORE_LBO", "swizzled_descriptor(stage + X_OFFSET + kk * 32)",
                  "prmt(p04, p15, 0x5410)", "prmt(p26, p37, 0x7632)", "(r / 4) % SROWS",
                  "(((it + 1) * gridDim.x - 1) / total)", "first_kt == 0 && last_kt == KT - 1",
                  "count - i < KT - w.kt ? count - i : KT - w.kt", "step > 0 || kk > 0",

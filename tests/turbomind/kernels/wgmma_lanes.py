@@ -4,8 +4,9 @@ It follows the source, vectorized over the producer's 128 threads and each consu
 copies into a byte-addressed shared memory (`SharedMemory`, which counts bank conflicts), the stage each tile
 takes and the order of refills, decodes and reads the mbarriers allow, the decode and dequant of every word with
 the GEMV emulation's bit operations and its 16-byte store at the core-matrix address, the matrix descriptors as
-the source builds them read back through wgmma's canonical K-major layout without swizzle (core matrix (row / 8,
-k / 8) at start + (row / 8) SBO + (k / 8) LBO, rows of 16 bytes), the accumulator registers of wgmma's D layout
+the source builds them read back through wgmma's canonical K-major layouts (A without swizzle: core matrix
+(row / 8, k / 8) at start + (row / 8) SBO + (k / 8) LBO, rows of 16 bytes; x in the 128-byte swizzle: rows of
+128 bytes, SBO between 8-row atoms, address bits 4-6 XORed with bits 7-9), the accumulator registers of wgmma's D layout
 (each warp 16 rows as m16n8 C fragments along n), the staged output tile and its 16-byte rows, and the split-K
 workspace. What the hardware does with the same text is the GPU probe's job (`benchmarks/w4a16_mma_probe.py`).
 """
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lmd.turbomind.kernels.w4a16_wgmma import BLOCK_K, WgmmaConfig, grid_size, iterations, shared_bytes, stage_bytes
+from lmd.turbomind.kernels.w4a16_wgmma import BLOCK_K, WgmmaConfig, grid_size, iterations, shared_bytes, stage_layout
 from tests.turbomind.kernels.mma_gemv_lanes import _bits, _halves, as_words, decode_constants, dequant, prmt, unit_pair
 from tests.turbomind.kernels.shared_memory_model import SharedMemory
 
@@ -26,6 +27,11 @@ P = torch.arange(128)  # a warpgroup's threads
 
 def core_offset(row: torch.Tensor, k8: torch.Tensor | int) -> torch.Tensor:
     return (row >> 3) * CORE_SBO + k8 * CORE_LBO + (row & 7) * 16
+
+
+def x_offset(m: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """x_offset() of the source, less X_OFFSET: token m's row of 128 bytes, its chunk c at c ^ (m % 8)."""
+    return m * 128 + ((c ^ (m & 7)) << 4)
 
 
 def prmt_lanes(a: torch.Tensor, b: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
@@ -42,13 +48,26 @@ def descriptor(address: int) -> int:
     return ((address & 0x3FFFF) >> 4) | ((CORE_LBO >> 4) << 16) | ((CORE_SBO >> 4) << 32)
 
 
+def swizzled_descriptor(address: int) -> int:
+    """swizzled_descriptor() of the source: start >> 4, LBO 1 (unused), SBO 1024 >> 4, layout type 1 (128-byte
+    swizzle) at bit 62."""
+    return ((address & 0x3FFFF) >> 4) | (1 << 16) | ((1024 >> 4) << 32) | (1 << 62)
+
+
 def read_operand(smem: SharedMemory, desc: int, rows: int, dtype: torch.dtype) -> torch.Tensor:
-    """A K-major operand of `rows` x 16 as wgmma reads it through a descriptor (no swizzle): [rows, 16] fp32."""
+    """A K-major operand of `rows` x 16 as wgmma reads it through a descriptor, without swizzle (layout type 0) or in
+    the 128-byte swizzle (type 1: rows of 128 bytes from the start, SBO between 8-row atoms, then address bits 4-6
+    XORed with bits 7-9, which puts an atom's pattern on 1024-byte boundaries): [rows, 16] fp32."""
     start, lbo, sbo = (desc & 0x3FFF) << 4, ((desc >> 16) & 0x3FFF) << 4, ((desc >> 32) & 0x3FFF) << 4
-    assert (desc >> 62) == 0 and ((desc >> 49) & 7) == 0, "a swizzled or offset layout"
+    layout = desc >> 62
+    assert layout in (0, 1) and ((desc >> 49) & 7) == 0, "a 32- or 64-byte swizzle, or a base offset"
     row = torch.arange(rows)[:, None]
     k = torch.arange(16)[None, :]
-    address = start + (row // 8) * sbo + (k // 8) * lbo + (row % 8) * 16 + (k % 8) * 2
+    if layout == 0:
+        address = start + (row // 8) * sbo + (k // 8) * lbo + (row % 8) * 16 + (k % 8) * 2
+    else:
+        linear = start + (row // 8) * sbo + (row % 8) * 128 + k * 2
+        address = linear ^ (((linear >> 7) & 7) << 4)
     halves = (smem.words[address // 4] >> (8 * (address % 4))) & 0xFFFF
     return halves.to(torch.int16).view(dtype).float()
 
@@ -92,11 +111,10 @@ def _cta(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: to
     bn, bt, stages = cfg.block_n, cfg.block_t, cfg.stages
     slices, prefetch = bn // 128, stages - 2
     scale_rows = BLOCK_K // group if group < BLOCK_K else 1
-    raw_bytes, sc_bytes = 8 * bn * 4, scale_rows * bn * 2
-    x_offset = raw_bytes + 2 * sc_bytes
-    a_offset = x_offset + bt * BLOCK_K * 2
-    stage = stage_bytes(cfg, group)
-    assert a_offset + (0 if cfg.rs else bn * BLOCK_K * 2) == stage
+    layout = stage_layout(cfg, group)
+    x_at, a_offset, raw_offset = layout["X_OFFSET"], layout["A_OFFSET"], layout["RAW_OFFSET"]
+    sc_offset, sc_bytes, stage = layout["SC_OFFSET"], layout["SC_BYTES"], layout["STAGE_BYTES"]
+    assert stage % 1024 == 0 and x_at % 1024 == 0  # x's swizzle atoms on 1024-byte boundaries, in every stage
     smem = SharedMemory(shared_bytes(cfg, group))
     word = cfg.word_decode and dtype == torch.float16
     one2, offset_a, scale_c = decode_constants(dtype, word)
@@ -116,33 +134,33 @@ def _cta(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: to
         c, r0 = P % (bn // 4), P // (bn // 4)
         for u in range(8 // raw_step):
             r = r0 + u * raw_step
-            smem.copy16(base + r * bn * 4 + c * 16, q_words[(kt * 8 + r)[:, None], (n0 + 4 * c)[:, None] + quads],
+            smem.copy16(base + raw_offset + r * bn * 4 + c * 16, q_words[(kt * 8 + r)[:, None], (n0 + 4 * c)[:, None] + quads],
                         torch.ones(128, dtype=torch.bool))
         p = P[: 2 * scale_rows * (bn // 8)]  # the threads with a scale or zero chunk
         which, r, sc = p // (scale_rows * (bn // 8)), (p // (bn // 8)) % scale_rows, p % (bn // 8)
         row = (kt * BLOCK_K + r * 32) // group
         cols = ((n0 + 8 * sc) // 2)[:, None] + quads
         src = torch.where(which[:, None] == 1, z_words[row[:, None], cols], s_words[row[:, None], cols])
-        smem.copy16(base + raw_bytes + which * sc_bytes + r * bn * 2 + sc * 16, src, torch.ones_like(p, dtype=bool))
+        smem.copy16(base + sc_offset + which * sc_bytes + r * bn * 2 + sc * 16, src, torch.ones_like(p, dtype=bool))
 
     def copy_x(base: int, m0: int, m_rows: int, kt: int) -> None:
         for u in range(bt * 8 // 128):
             i = P + u * 128
-            m, c = (i >> 6) * 8 + (i & 7), (i >> 3) & 7
+            m, c = i >> 3, i & 7
             valid = m < m_rows
             src = x_words[m0 + torch.where(valid, m, 0)[:, None], ((kt * BLOCK_K + c * 8) // 2)[:, None] + quads]
-            smem.copy16(base + x_offset + core_offset(m, c), src, valid)
+            smem.copy16(base + x_at + x_offset(m, c), src, valid)
 
     def dequant_stage(base: int) -> None:
         for e in range(slices):
             nn = P + 128 * e
             for r in range(8):
                 if r == 0 or (scale_rows == 2 and r == 4):
-                    at = base + raw_bytes + (r // 4) % scale_rows * bn * 2 + nn * 2
+                    at = base + sc_offset + (r // 4) % scale_rows * bn * 2 + nn * 2
                     s, zr = smem.load16(at), smem.load16(at + sc_bytes)
                     cs2 = _bits((_halves(s | (s << 16), dtype) * scale_c).to(dtype))[:, 0]  # hmul2 by C, exact
                     z2 = zr | (zr << 16)
-                q = smem.load(base + r * bn * 4 + nn * 4, 1)[:, 0]
+                q = smem.load(base + raw_offset + r * bn * 4 + nn * 4, 1)[:, 0]
                 q8 = q >> 8
                 pairs = [dequant(unit_pair(i, q, q8, dtype, word), offset_a if i % 2 == 0 else one2, cs2, z2, dtype)
                          for i in range(4)]  # nibbles (0, 4), (1, 5), (2, 6), (3, 7)
@@ -160,12 +178,12 @@ def _cta(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: to
         by lane (natural_pair), put together as the [64, 16] A they stand for (each warp 16 rows, mma.sync's
         m16n8k16 A layout)."""
         n = slice_ * 64 + 16 * (P // 32) + g_
-        at = base + raw_bytes + (kk // 2) % scale_rows * bn * 2 + n * 2
+        at = base + sc_offset + (kk // 2) % scale_rows * bn * 2 + n * 2
         s2 = [smem.load16(at + 16 * h) for h in range(2)]
         z2 = [smem.load16(at + sc_bytes + 16 * h) for h in range(2)]
         a = torch.zeros(64, 16)
         for r in range(4):
-            q = smem.load(base + (2 * kk + (r >> 1)) * bn * 4 + (n + 8 * (r & 1)) * 4, 1)[:, 0]
+            q = smem.load(base + raw_offset + (2 * kk + (r >> 1)) * bn * 4 + (n + 8 * (r & 1)) * 4, 1)[:, 0]
             v = prmt_lanes(q, q >> 4, select)
             u = (v & 0x000F000F) | magic
             h = r & 1
@@ -201,7 +219,7 @@ def _cta(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: to
                 dequant_stage(base)
             for wg in range(2):  # after full[i % stages]
                 for kk in range(BLOCK_K // 16):
-                    b = read_operand(smem, descriptor(base + x_offset + kk * 2 * CORE_LBO), bt, dtype)
+                    b = read_operand(smem, swizzled_descriptor(base + x_at + kk * 32), bt, dtype)
                     for e in range(slices):
                         if cfg.rs:
                             a_tile = rs_fragments(base, wg * slices + e, kk)
