@@ -80,7 +80,8 @@ def run(variant: str, cfg: wg.WgmmaConfig, x: torch.Tensor, qw: torch.Tensor, s:
         return wg.grid_size(cfg, m, n, k, resident), 1, 1
 
     slots = 0 if cfg.split == 1 else min(tiles, tiles * cfg.split if cfg.split else sms * 2)
-    return launch_w4a16(lambda pdl, device: _kernel(variant, cfg, pdl, device), x, qw, s, z, None, grid, [], slots,
+    return launch_w4a16(lambda pdl, device: _kernel(variant, cfg, pdl, device), x, qw, s, z, None, grid,
+                        [wg.x_tensor_map(x, cfg)], slots,
                         wg.THREADS, wg.shared_bytes(cfg, GROUP), slots * cfg.block_t * cfg.block_n)
 
 

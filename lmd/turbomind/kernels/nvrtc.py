@@ -190,15 +190,18 @@ def launch_config(grid: tuple[int, int, int], block: tuple[int, int, int], strea
 
 
 def _kernel_params(args: list[Any]) -> tuple[ctypes.Array, list[Any]]:
-    """void** kernelParams for tensors (as device pointers) and ints (as int32), with the values kept alive."""
+    """void** kernelParams for tensors (as device pointers), ints (as int32) and bytes (a struct passed by value,
+    such as a tensor map), with the values kept alive."""
     values: list[Any] = []
     for arg in args:
         if isinstance(arg, torch.Tensor):
             values.append(ctypes.c_void_p(arg.data_ptr()))
         elif isinstance(arg, int):
             values.append(ctypes.c_int(arg))
+        elif isinstance(arg, bytes):
+            values.append(ctypes.create_string_buffer(arg, len(arg)))
         else:
-            raise TypeError(f"kernel argument of type {type(arg).__name__}: pass tensors or ints")
+            raise TypeError(f"kernel argument of type {type(arg).__name__}: pass tensors, ints or bytes")
     params = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values])
     return params, values
 
@@ -237,3 +240,29 @@ def launch(kernel: Kernel, grid: tuple[int, int, int], block: tuple[int, int, in
     config, _attr = launch_config(grid, block, torch.cuda.current_stream().cuda_stream, pdl, shared_bytes)
     params, _values = _kernel_params(args)
     _check(_libcuda().cuLaunchKernelEx(ctypes.byref(config), kernel.function, params, None), "cuLaunchKernelEx")
+
+
+TENSOR_MAP_BYTES = 128  # sizeof(CUtensorMap)
+_TENSOR_MAP_DTYPES = {torch.float16: 6, torch.bfloat16: 9, torch.int32: 3}  # CUtensorMapDataType
+_SWIZZLE_128B, _L2_PROMOTION_256B = 3, 3
+
+
+def tensor_map_2d(tensor: torch.Tensor, box_rows: int, box_cols: int) -> bytes:
+    """The CUtensorMap (cuTensorMapEncodeTiled) of a row-major 2-D CUDA tensor for boxes of box_rows x box_cols
+    elements in the 128-byte swizzle (box_cols x the element size must be 128 bytes): a TMA copy lands row r's
+    16-byte chunk c at r * 128 + (c ^ (r % 8)) * 16 of a 1024-aligned destination, elements past the tensor's
+    edge as zeros."""
+    rows, cols = tensor.shape
+    size = tensor.element_size()
+    if (tensor.dtype not in _TENSOR_MAP_DTYPES or box_cols * size != 128 or not 1 <= box_rows <= 256
+            or tensor.stride(1) != 1 or (tensor.stride(0) * size) % 16 or tensor.data_ptr() % 16):
+        raise ValueError(f"tensor map: a 16-byte aligned row-major {list(_TENSOR_MAP_DTYPES)} tensor with rows a "
+                         f"multiple of 16 bytes apart, boxes of 1-256 rows x 128 bytes; got {tensor.dtype} "
+                         f"{tuple(tensor.shape)} strides {tensor.stride()}, box {box_rows} x {box_cols}")
+    encoded = (ctypes.c_ubyte * TENSOR_MAP_BYTES)()
+    u64x2, u32x2 = ctypes.c_uint64 * 2, ctypes.c_uint32 * 2
+    _check(_libcuda().cuTensorMapEncodeTiled(
+        ctypes.byref(encoded), _TENSOR_MAP_DTYPES[tensor.dtype], 2, ctypes.c_void_p(tensor.data_ptr()),
+        u64x2(cols, rows), u64x2(tensor.stride(0) * size, 0), u32x2(box_cols, box_rows), u32x2(1, 1),
+        0, _SWIZZLE_128B, _L2_PROMOTION_256B, 0), "cuTensorMapEncodeTiled")
+    return bytes(encoded)

@@ -189,12 +189,13 @@ def checked_operands(kind: str, x2d: torch.Tensor, qweight: torch.Tensor, scales
 
 def launch_w4a16(kernel_for: Callable[[bool, int], nvrtc.Kernel], x2d: torch.Tensor, qweight: torch.Tensor,
                  scales: torch.Tensor, zeros: torch.Tensor, bias: torch.Tensor | None,
-                 grid: tuple[int, int, int] | Callable[[nvrtc.Kernel], tuple[int, int, int]], extra: list[int],
+                 grid: tuple[int, int, int] | Callable[[nvrtc.Kernel], tuple[int, int, int]], extra: list[int | bytes],
                  tiles: int, threads: int, shared_bytes: int = 0, workspace: int = 0) -> torch.Tensor:
-    """One launch of a W4A16 CUDA kernel (the three share the parameters x, qweight, scales, zeros, bias, out,
-    split-K workspace and counters, M, N, K, then their own `extra` ints, then has_bias); `kernel_for(pdl, device)`
-    builds or fetches it, `grid` may depend on it. `tiles`: the split-K counters the launch uses (0: it adds no
-    partials), `workspace` the fp32 elements of its workspace (default M x N). Returns out [M, N] in x's dtype."""
+    """One launch of a W4A16 CUDA kernel (the three share the parameters x, qweight, scales, zeros, bias, out, split-K
+    workspace and counters, M, N, K, then their own `extra` (ints, or bytes such as a tensor map), then has_bias);
+    `kernel_for(pdl, device)` builds or fetches it, `grid` may depend on it. `tiles`: the split-K counters the launch
+    uses (0: it adds no partials), `workspace` the fp32 elements of its workspace (default M x N). Returns out [M, N]
+    in x's dtype."""
     from lmd.turbomind.kernels.pdl import pdl_enabled  # both import Triton, which the tuner has by now
     from lmd.turbomind.kernels.w4a16_epilogue import SplitKWorkspace
 

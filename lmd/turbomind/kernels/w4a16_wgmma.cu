@@ -1,16 +1,19 @@
-// W4A16 GEMM on Hopper's warpgroup MMA (wgmma, sm_90a) with the int4 decode overlapped: a producer warpgroup
-// copies packed words, scales, zeros and x into shared memory and dequantizes each k tile into an fp16/bf16 A tile,
-// two consumer warpgroups run wgmma on it (RS: the consumers decode their A fragments into registers themselves,
-// the producer only copies); stream-K over the CTAs. Design and invariants: w4a16_wgmma.py. Compiled
-// at run time by NVRTC after the defines kernel_source() prepends (BF16, WORD_DECODE, BN, BT, STAGES, GROUP, PDL,
-// CTAS_PER_SM, RS, the stage layout), w4a16_mma_fragment.cuh, cuda_pipeline.cuh and wgmma_tile (the wgmma statement for n = BT);
-// tests/turbomind/kernels/wgmma_lanes.py emulates it, test_wgmma_pipeline_protocol.py models its barriers.
+// W4A16 GEMM on Hopper's warpgroup MMA (wgmma, sm_90a) with the int4 decode overlapped: one producer thread copies
+// packed words, scales and zeros (bulk copies) and x (a TMA box, 128-byte swizzle) into shared memory; SS: the
+// producer warpgroup dequantizes each k tile into an fp16/bf16 A tile, RS: the two consumer warpgroups decode their
+// A fragments into registers themselves; the consumers run wgmma; stream-K over the CTAs. Design and invariants:
+// w4a16_wgmma.py. Compiled at run time by NVRTC after the defines kernel_source() prepends (BF16, WORD_DECODE, BN,
+// BT, STAGES, GROUP, PDL, CTAS_PER_SM, RS, the stage layout), w4a16_mma_fragment.cuh, cuda_pipeline.cuh and
+// wgmma_tile (the wgmma statement for n = BT); tests/turbomind/kernels/wgmma_lanes.py emulates it,
+// test_wgmma_pipeline_protocol.py models its barriers.
 
 #define THREADS 384               // warpgroup 0: producer; 1, 2: consumers
 #define BK 64                     // k of one stage
 #define SLICES (BN / 128)         // 64-channel wgmma slices of a consumer warpgroup
 #define SROWS (GROUP < BK ? BK / GROUP : 1)
-#define PREFETCH (STAGES - 2)     // k tiles whose copies are in flight ahead of the one being decoded
+// k tiles whose copies are in flight ahead of the one the consumers take next: the whole ring but the stage they
+// hold (RS), or but two (the producer also dequantizes tile i while the consumers hold tile i - 1's stage)
+#define PREFETCH (RS ? STAGES - 1 : STAGES - 2)
 // registers a thread: the consumers hold BT / 2 accumulators a slice, the producer little. One CTA an SM: 168 at
 // launch, then 128 x 88 + 256 x 208 <= 65536; two (CTAS_PER_SM 2, the small tile): 80, then 128 x 56 + 256 x 88 <=
 // 384 x 80 (setmaxnreg moves them once the warpgroups part)
@@ -26,9 +29,9 @@
 // X_OFFSET in the 128-byte swizzle, then (not under RS) the dequantized A tile, raw words [8][BN] u32 at
 // RAW_OFFSET, scales [SROWS][BN] halves at SC_OFFSET, zeros SC_BYTES after them. STAGE_BYTES is whole 1024-byte
 // swizzle atoms, so that every stage's x starts on one.
-// x: token m's 64 k are the 128-byte row m (atom m / 8, row m % 8 of it), its 16-byte chunk c at c ^ (m % 8); wgmma
-// reads it through a descriptor of the 128-byte swizzle, which applies the same XOR (address bits 4-6 with 7-9).
-__device__ __forceinline__ u32 x_offset(int m, int c) { return X_OFFSET + m * 128 + ((c ^ (m & 7)) << 4); }
+// x: token m's 64 k are the 128-byte row m (atom m / 8, row m % 8 of it), its 16-byte chunk c at c ^ (m % 8), as
+// the TMA unit writes a box of a 128-byte-swizzle tensor map; wgmma reads it through a descriptor of the same
+// swizzle, which applies the same XOR (address bits 4-6 with 7-9).
 
 // A: wgmma's canonical K-major layout without swizzle, 8 x 8 core matrices of 128 contiguous bytes (8 rows of 16
 // bytes, 8 k each), core (row / 8, k / 8) at (row / 8) * CORE_SBO + (k / 8) * CORE_LBO
@@ -40,6 +43,29 @@ __device__ __forceinline__ u32 core_offset(int row, int k8) {  // k8: the 8-wide
 }
 
 __device__ __forceinline__ void producers_sync() { asm volatile("bar.sync 1, 128;" ::: "memory"); }
+
+// The copies are the TMA unit's, issued by one producer thread: each completes as transaction bytes on the stage's
+// full mbarrier, whose one arrival (arrive.expect_tx) announces the stage's bytes beforehand.
+struct __align__(64) TensorMap {  // a CUtensorMap, encoded on the host (nvrtc.tensor_map_2d)
+    u64 words[16];
+};
+
+__device__ __forceinline__ void barrier_expect(u32 address, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(address), "r"(bytes) : "memory");
+}
+
+// `bytes` (a multiple of 16, both ends 16-aligned) global -> shared
+__device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 barrier) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(barrier) : "memory");
+}
+
+// the box of a 2-D tensor map at (c0 innermost, c1) -> shared, in the map's swizzle; elements out of the tensor
+// land as zeros (and count as bytes)
+__device__ __forceinline__ void tensor_copy(u32 dst, const TensorMap* map, int c0, int c1, u32 barrier) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+                 "[%4];" ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(barrier) : "memory");
+}
 
 // a shared-memory matrix descriptor: start address, leading (k) and stride (row) byte offsets, no swizzle
 __device__ __forceinline__ u64 matrix_descriptor(u32 address) {
@@ -97,35 +123,21 @@ __device__ __forceinline__ U4 dequant_word(u32 q, u32 cs2, u32 z2, u32 one, u32 
     return r;
 }
 
-// The producer's share of a stage's copies (thread p of 128): raw word chunks p + 128 u (row r, 4 channels at c),
-// one scale or zero chunk (p < 4 SROWS BN / 8), x chunks p + 128 u as (token m, k chunk c) with c fastest, so
-// that 8 neighbouring threads copy one token's 128 bytes (whole sectors) into one swizzled row (all 32 banks).
-#define RAW_STEP (128 / (BN / 4))
-#define X_PER (BT * 8 / 128)
-__device__ __forceinline__ void copy_weights(u32 stage, const u32* qw, const u16* scales, const u16* zeros, int N,
-                                             int n0, int kt) {
-    const int p = threadIdx.x;
-    const int c = p % (BN / 4), r0 = p / (BN / 4);
-#pragma unroll
-    for (int u = 0; u < 8 / RAW_STEP; ++u) {
-        const int r = r0 + u * RAW_STEP;
-        copy16(stage + RAW_OFFSET + r * BN * 4 + c * 16, qw + (u64)(kt * 8 + r) * N + n0 + 4 * c, true);
-    }
-    if (p < 2 * SROWS * (BN / 8)) {
-        const int which = p / (SROWS * (BN / 8)), r = (p / (BN / 8)) % SROWS, sc = p % (BN / 8);
-        const u16* src = (which ? zeros : scales) + (u64)((kt * BK + r * 32) / GROUP) * N + n0 + 8 * sc;
-        copy16(stage + SC_OFFSET + which * SC_BYTES + r * BN * 2 + sc * 16, src, true);
-    }
-}
+// the bytes a stage's copies bring: x's box (BT rows, those past M as zeros), the words, the scales and the zeros
+#define STAGE_TX (BT * BK * 2 + 8 * BN * 4 + 2 * SC_BYTES)
 
-__device__ __forceinline__ void copy_x(u32 stage, const u16* x, int M, int K, int kt) {
-    const int p = threadIdx.x;
+// a stage's weights: the 8 rows of BN words of k tile kt, and its SROWS rows of scales and of zeros (the group
+// rows of k 32 r), one bulk copy a row
+__device__ __forceinline__ void copy_weights(u32 stage, u32 barrier, const u32* qw, const u16* scales,
+                                             const u16* zeros, int N, int n0, int kt) {
 #pragma unroll
-    for (int u = 0; u < X_PER; ++u) {
-        const int i = p + u * 128;
-        const int m = i >> 3, c = i & 7;
-        const bool valid = m < M;
-        copy16(stage + x_offset(m, c), x + (u64)(valid ? m : 0) * K + kt * BK + c * 8, valid);
+    for (int r = 0; r < 8; ++r)
+        bulk_copy(stage + RAW_OFFSET + r * BN * 4, qw + (u64)(kt * 8 + r) * N + n0, BN * 4, barrier);
+#pragma unroll
+    for (int r = 0; r < SROWS; ++r) {
+        const u64 row = (u64)((kt * BK + r * 32) / GROUP) * N + n0;
+        bulk_copy(stage + SC_OFFSET + r * BN * 2, scales + row, BN * 2, barrier);
+        bulk_copy(stage + SC_OFFSET + SC_BYTES + r * BN * 2, zeros + row, BN * 2, barrier);
     }
 }
 
@@ -187,44 +199,54 @@ __device__ __forceinline__ int owner(long long it, long long total) {  // the CT
 extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM)
 w4a16_wgmma(const u16* __restrict__ x, const u32* __restrict__ qw, const u16* __restrict__ scales,
             const u16* __restrict__ zeros, const u16* __restrict__ bias, u16* __restrict__ out,
-            float* __restrict__ ws, int* __restrict__ counters, int rows, int N, int K, int has_bias) {
+            float* __restrict__ ws, int* __restrict__ counters, int rows, int N, int K,
+            const __grid_constant__ TensorMap x_map, int has_bias) {
     extern __shared__ __align__(1024) char smem[];
-    // mbarriers: full[s] (one producer arrival: a stage's copies, and A unless RS, are ready), then empty[s] (one
-    // arrival per consumer warpgroup: its reads of the stage are over)
-    __shared__ __align__(8) u64 barriers[2 * STAGES];
+    // mbarriers: full[s] (the copying thread's arrival and the stage's bytes: its copies have landed), empty[s] (one
+    // arrival per consumer warpgroup: its reads of the stage are over), ready[s] (SS: one producer arrival, A is
+    // dequantized; RS: full[s] itself)
+    __shared__ __align__(8) u64 barriers[3 * STAGES];
     const int KT = K / BK, tiles_m = (rows + BT - 1) / BT;
     const long long total = (long long)tiles_m * (N / BN) * KT;
     const long long it0 = blockIdx.x * total / gridDim.x;
     const int count = (int)((blockIdx.x + 1) * total / gridDim.x - it0);
     const u32 base = smem_address(smem), full = smem_address(barriers), empty = full + 8 * STAGES;
+    const u32 ready = RS ? full : empty + 8 * STAGES;
     if (threadIdx.x == 0) {
         if (base & 1023) __trap();  // the swizzle atoms of x must be 1024-aligned (the extern's __align__)
         for (int s = 0; s < STAGES; ++s) {
             barrier_init(full + 8 * s, 1);
             barrier_init(empty + 8 * s, 2);
+            barrier_init(empty + 8 * STAGES + 8 * s, 1);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
     const int warpgroup = threadIdx.x / 128;
 
-    if (warpgroup == 0) {  // the producer: copies PREFETCH iterations ahead, dequantizes one ahead of the MMAs
+    if (warpgroup == 0) {  // the producer: thread 0 copies PREFETCH iterations ahead; SS: all dequantize
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGISTERS));
+        const bool copier = threadIdx.x == 0;
+#if RS
+        if (!copier) return;
+#endif
         const Work start = work_at(it0, KT, tiles_m, rows);
         Work w = start;  // the iteration whose copies go out next
-        for (int j = 0; j < PREFETCH && j < count; ++j, w = next_work(w, KT, tiles_m, rows))
-            copy_weights(base + j * STAGE_BYTES, qw, scales, zeros, N, w.n0, w.kt);
+        if (copier) {
+            asm volatile("prefetch.tensormap [%0];" ::"l"(&x_map) : "memory");
+            for (int j = 0; j < PREFETCH && j < count; ++j, w = next_work(w, KT, tiles_m, rows)) {
+                barrier_expect(full + 8 * j, STAGE_TX);
+                copy_weights(base + j * STAGE_BYTES, full + 8 * j, qw, scales, zeros, N, w.n0, w.kt);
+            }
+        }
 #if PDL
         asm volatile("griddepcontrol.wait;" ::: "memory");
         asm volatile("griddepcontrol.launch_dependents;" :::);
 #endif
-        w = start;
-        for (int j = 0; j < PREFETCH; ++j) {
-            if (j < count) {
-                copy_x(base + j * STAGE_BYTES, x + (u64)w.m0 * K, w.M, K, w.kt);
-                w = next_work(w, KT, tiles_m, rows);
-            }
-            commit();
+        if (copier) {
+            Work v = start;
+            for (int j = 0; j < PREFETCH && j < count; ++j, v = next_work(v, KT, tiles_m, rows))
+                tensor_copy(base + j * STAGE_BYTES + X_OFFSET, &x_map, v.kt * BK, v.m0, full + 8 * j);
         }
 #if !RS
         const u32 one = opaque(ONE2), sixteen = opaque(0x4C004C00u), offset_a = WORD_DECODE ? sixteen : one;
@@ -232,25 +254,24 @@ w4a16_wgmma(const u16* __restrict__ x, const u32* __restrict__ qw, const u16* __
 #endif
         for (int i = 0; i < count; ++i) {
             const int j = i + PREFETCH;
-            if (j < count) {
+            if (copier && j < count) {
                 const int sj = j % STAGES;
                 if (j >= STAGES) barrier_wait(empty + 8 * sj, ((j / STAGES) & 1) ^ 1);  // iteration j - STAGES read
-                copy_weights(base + sj * STAGE_BYTES, qw, scales, zeros, N, w.n0, w.kt);
-                copy_x(base + sj * STAGE_BYTES, x + (u64)w.m0 * K, w.M, K, w.kt);
+                const u32 stage = base + sj * STAGE_BYTES;
+                barrier_expect(full + 8 * sj, STAGE_TX);
+                copy_weights(stage, full + 8 * sj, qw, scales, zeros, N, w.n0, w.kt);
+                tensor_copy(stage + X_OFFSET, &x_map, w.kt * BK, w.m0, full + 8 * sj);
                 w = next_work(w, KT, tiles_m, rows);
             }
-            commit();  // an empty group past the end keeps the count of pending groups right
-            wait_stages<PREFETCH>();  // this thread's copies of iteration i have landed...
-            producers_sync();  // ... and every producer's
-            const int s = i % STAGES;
 #if !RS
+            const int s = i % STAGES;
+            barrier_wait(full + 8 * s, (i / STAGES) & 1);  // iteration i's copies have landed
             dequant_stage(base + s * STAGE_BYTES, scale_c2, one, sixteen, offset_a);
-#endif
-            fence_async_proxy();  // this thread's A rows and x copies, before the consumers' wgmma reads
+            fence_async_proxy();  // this thread's A rows, before the consumers' wgmma reads
             producers_sync();
-            if (threadIdx.x == 0) barrier_arrive(full + 8 * s);
+            if (copier) barrier_arrive(ready + 8 * s);
+#endif
         }
-        wait_stages<0>();
         return;
     }
 
@@ -275,7 +296,7 @@ w4a16_wgmma(const u16* __restrict__ x, const u32* __restrict__ qw, const u16* __
         for (int step = 0; step < length; ++step, ++i) {
             const int s = i % STAGES;
             const u32 stage = base + s * STAGE_BYTES;
-            barrier_wait(full + 8 * s, (i / STAGES) & 1);
+            barrier_wait(ready + 8 * s, (i / STAGES) & 1);
 #if RS
             // A from registers: every k16 step's fragments decoded by this warp from the stage's raw words, into
             // one of two register sets (the wgmma of the step before may still read the other)

@@ -22,13 +22,16 @@ of the self-cleaning split-K workspace (`w4a16_epilogue`; min(G, tiles) slots of
 writes it. `split` sets G: one CTA a tile (1), that many a tile (2, 3, ...), or as many as the SMs hold at once
 (0, "stream").
 
-x sits in the 128-byte swizzle, K-major: token m's 64 k are one 128-byte row, its 16-byte chunk c at c ^ (m % 8),
-in 1024-byte atoms of 8 rows, and wgmma reads it through a swizzled descriptor. 8 neighbouring threads copy one
-token's 128 bytes: whole 32-byte sectors from the L2 and all 32 banks (with the unswizzled layout's 8 rows of one
-chunk a copy phase, each sector went out twice and x's copies held the L2 at ~70 % busy at 1024 rows). A sits in
-wgmma's canonical K-major layout without swizzle: 8 x 8 core matrices of 128 contiguous bytes, core (row / 8,
-k / 8) at (row / 8) 1024 + (k / 8) 128, so a dequantized word is one 16-byte row of a core matrix. Accumulators: BT / 2 fp32 a thread per slice (a consumer holds
-BN / 128 slices); setmaxnreg gives the consumers most of the registers.
+x sits in the 128-byte swizzle, K-major: token m's 64 k are one 128-byte row, its 16-byte chunk c at c ^ (m % 8), in
+1024-byte atoms of 8 rows, as a TMA box of a tensor map in that swizzle lands (`x_tensor_map`, encoded on the host
+each launch; rows past M land as zeros), and wgmma reads it through a swizzled descriptor. The words, scales and zeros
+come by bulk copies, one a row. One producer thread issues a stage's copies (about a dozen instructions), which
+complete as bytes on its full mbarrier. (Copied by 128 threads with cp.async, 16 bytes each, the unswizzled x sent
+each L2 sector twice, and the producer's address arithmetic, ~240 instructions a k tile a warp, left the consumers
+waiting for stages: ncu, twenty-fifth session.) A sits in wgmma's canonical K-major layout without swizzle: 8 x 8 core
+matrices of 128 contiguous bytes, core (row / 8, k / 8) at (row / 8) 1024 + (k / 8) 128, so a dequantized word is one
+16-byte row of a core matrix. Accumulators: BT / 2 fp32 a thread per slice (a consumer holds BN / 128 slices);
+setmaxnreg gives the consumers most of the registers.
 
 The PyTorch twin is the mma.sync GEMM's (`mma_gemm_reference`: the same decode and dequant rounding); CI runs a
 lane-level emulation (tests/turbomind/kernels/wgmma_lanes.py: copies, decode and stores at their shared addresses,
@@ -224,5 +227,11 @@ def wgmma_gemm(x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
     # one CTA a tile adds no partials; else up to min(G, tiles) workspace slots of block_t x block_n (the .cu)
     slots = 0 if cfg.split == 1 else min(tiles, tiles * cfg.split if cfg.split else sms * 2)
     return launch_w4a16(lambda pdl, device: _kernel(x2d.dtype, group, cfg, pdl, device), x2d, qweight, scales, zeros,
-                        bias, grid, [], slots, THREADS, shared_bytes(cfg, group),
+                        bias, grid, [x_tensor_map(x2d, cfg)], slots, THREADS, shared_bytes(cfg, group),
                         slots * cfg.block_t * cfg.block_n)
+
+
+def x_tensor_map(x2d: torch.Tensor, cfg: WgmmaConfig) -> bytes:
+    """The kernel's x_map: boxes of block_t rows x one k tile (128 bytes) in the 128-byte swizzle, rows past M read
+    as zeros."""
+    return nvrtc.tensor_map_2d(x2d, cfg.block_t, BLOCK_K)

@@ -94,8 +94,13 @@ def test_the_emulation_reads_the_layout_the_source_uses() -> None:
     for text in ("#define CORE_LBO 128", "#define CORE_SBO 1024",
                  "(row >> 3) * CORE_SBO + k8 * CORE_LBO + (row & 7) * 16",
                  "((u64)(CORE_LBO >> 4) << 16) | ((u64)(CORE_SBO >> 4) << 32)",
-                 "const int m = i >> 3, c = i & 7;", "X_OFFSET + m * 128 + ((c ^ (m & 7)) << 4)",
                  "((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62)",
+                 "tensor_copy(stage + X_OFFSET, &x_map, w.kt * BK, w.m0, full + 8 * sj)",
+                 "tensor_copy(base + j * STAGE_BYTES + X_OFFSET, &x_map, v.kt * BK, v.m0, full + 8 * j)",
+                 "bulk_copy(stage + RAW_OFFSET + r * BN * 4, qw + (u64)(kt * 8 + r) * N + n0, BN * 4, barrier)",
+                 "(u64)((kt * BK + r * 32) / GROUP) * N + n0", "SC_OFFSET + SC_BYTES + r * BN * 2",
+                 "#define STAGE_TX (BT * BK * 2 + 8 * BN * 4 + 2 * SC_BYTES)",
+                 "barrier_wait(ready + 8 * s, (i / STAGES) & 1)", "const u32 ready = RS ? full : empty + 8 * STAGES;",
                  "(slice0 + e) * 8 * CORE_SBO + kk * 2 * CORE_LBO", "swizzled_descriptor(stage + X_OFFSET + kk * 32)",
                  "prmt(p04, p15, 0x5410)", "prmt(p26, p37, 0x7632)", "(r / 4) % SROWS",
                  "(((it + 1) * gridDim.x - 1) / total)", "first_kt == 0 && last_kt == KT - 1",
@@ -108,7 +113,7 @@ def test_the_emulation_reads_the_layout_the_source_uses() -> None:
                  "if (!previous_released && threadIdx.x % 128 == 0) barrier_arrive(empty + 8 * ((i - 1) % STAGES));",
                  "if (threadIdx.x % 128 == 0) barrier_arrive(empty + 8 * ((i - 1) % STAGES));\n"
                  "        previous_released = true;",
-                 "#define PREFETCH (STAGES - 2)", "t | (t << 4) | ((4 + t) << 8) | ((4 + t) << 12)",
+                 "#define PREFETCH (RS ? STAGES - 1 : STAGES - 2)", "t | (t << 4) | ((4 + t) << 8) | ((4 + t) << 12)",
                  "#define MAGIC2 0x43004300u", "#define MAGIC2 0x64006400u", "prmt(q, q >> 4, select)",
                  "(2 * kk + (r >> 1)) * BN * 4 + (n + 8 * (r & 1)) * 4", "(kk / 2) % SROWS * BN * 2 + n * 2",
                  "lds16(at + 16 * h)", "a[kk & 1][e][r]"):

@@ -36,20 +36,25 @@ class Barrier:
 @dataclass
 class Stage:
     iteration: int = -1  # whose data it holds
-    complete: bool = False  # copies landed and A dequantized
+    landed: bool = False  # its copies have landed (the TMA unit's bytes on full)
+    complete: bool = False  # what the consumers read is there: landed (RS), and A dequantized (SS)
     readers: set[tuple[int, int]] = field(default_factory=set)  # (consumer, iteration) of wgmma groups in flight
 
 
-def producer(stages: list[Stage], full: list[Barrier], empty: list[Barrier], count: int, n_stages: int
-             ) -> Generator[object, None, None]:
-    prefetch = n_stages - 2  # PREFETCH
+def producer(stages: list[Stage], full: list[Barrier], ready: list[Barrier], empty: list[Barrier], count: int,
+             n_stages: int, rs: bool, in_flight: list[int]) -> Generator[object, None, None]:
+    """Thread 0 issues a stage's copies (`in_flight`: stages whose bytes are still on their way, landed by `tma`);
+    SS: the warpgroup then waits for iteration i's bytes, dequantizes and arrives on ready."""
+    prefetch = n_stages - 1 if rs else n_stages - 2  # PREFETCH
 
-    def write(s: int, it: int) -> None:
+    def issue(s: int, it: int) -> None:
         assert not stages[s].readers, f"stage {s} overwritten under wgmma reads {stages[s].readers}"
-        stages[s].iteration, stages[s].complete = it, False
+        assert s not in in_flight, f"stage {s} refilled before its copies landed"
+        stages[s].iteration, stages[s].landed, stages[s].complete = it, False, False
+        in_flight.append(s)
 
-    for j in range(min(prefetch, count)):  # the prologue's copies
-        write(j, j)
+    for j in range(min(prefetch, count)):  # the prologue's copies (weights, then x after the PDL wait)
+        issue(j, j)
         yield
     for i in range(count):
         j = i + prefetch
@@ -58,13 +63,31 @@ def producer(stages: list[Stage], full: list[Barrier], empty: list[Barrier], cou
             if j >= n_stages:  # barrier_wait(empty + 8 * sj, ((j / STAGES) & 1) ^ 1)
                 while not empty[sj].passes(((j // n_stages) & 1) ^ 1):
                     yield "blocked"
-            write(sj, j)
+            issue(sj, j)  # barrier_expect(full + 8 * sj, STAGE_TX), copy_weights, tensor_copy
         yield
-        s = i % n_stages  # wait_stages<PREFETCH>, producers_sync: tile i's copies landed; dequant_stage; fence
-        assert stages[s].iteration == i and not stages[s].readers
-        stages[s].complete = True
+        if rs:
+            continue
+        s = i % n_stages
+        while not full[s].passes((i // n_stages) & 1):  # barrier_wait(full + 8 * s, (i / STAGES) & 1)
+            yield "blocked"
+        assert stages[s].iteration == i and stages[s].landed and not stages[s].readers
+        stages[s].complete = True  # dequant_stage, fence_async_proxy, producers_sync
         yield
-        full[s].arrive()  # barrier_arrive(full + 8 * s)
+        ready[s].arrive()  # barrier_arrive(ready + 8 * s)
+
+
+def tma(stages: list[Stage], full: list[Barrier], in_flight: list[int], rs: bool, rng: random.Random
+        ) -> Generator[object, None, None]:
+    """The copies land in any order; a stage's last byte completes its full barrier's phase."""
+    while True:
+        if not in_flight:
+            yield "idle"
+            continue
+        s = in_flight.pop(rng.randrange(len(in_flight)))
+        stages[s].landed = True
+        stages[s].complete = rs
+        full[s].arrive()
+        yield
 
 
 def consumer(me: int, stages: list[Stage], full: list[Barrier], empty: list[Barrier], segments: list[int],
@@ -84,7 +107,7 @@ def consumer(me: int, stages: list[Stage], full: list[Barrier], empty: list[Barr
     for length in segments:
         for _step in range(length):
             s = i % n_stages
-            while not full[s].passes((i // n_stages) & 1):  # barrier_wait(full + 8 * s, (i / STAGES) & 1)
+            while not full[s].passes((i // n_stages) & 1):  # barrier_wait(ready + 8 * s, (i / STAGES) & 1)
                 yield "blocked"
             for kk in range(groups):
                 assert stages[s].iteration == i and stages[s].complete, f"consumer {me} reads stage {s} for {i} early"
@@ -106,27 +129,32 @@ def consumer(me: int, stages: list[Stage], full: list[Barrier], empty: list[Barr
 
 
 def run(n_stages: int, segments: list[int], seed: int, arrives: bool = True, groups: int = 1) -> None:
-    count = sum(segments)
+    """`groups` 4 is RS: consumers wait on full; SS (1) on ready, which the producer arrives on after its decode."""
+    count, rs = sum(segments), groups == 4
+    rng = random.Random(seed)
     stages = [Stage() for _ in range(n_stages)]
     full = [Barrier(1) for _ in range(n_stages)]
+    ready = full if rs else [Barrier(1) for _ in range(n_stages)]
     empty = [Barrier(2) for _ in range(n_stages)]
-    # both consumers arrive (one thread of each warpgroup): the empty barriers expect 2
-    actors = [producer(stages, full, empty, count, n_stages),
-              consumer(0, stages, full, empty, segments, n_stages, arrives, groups),
-              consumer(1, stages, full, empty, segments, n_stages, arrives, groups)]
-    rng = random.Random(seed)
+    # both consumers arrive on empty (one thread of each warpgroup): the empty barriers expect 2
+    in_flight: list[int] = []
+    actors = [producer(stages, full, ready, empty, count, n_stages, rs, in_flight),
+              consumer(0, stages, ready, empty, segments, n_stages, arrives, groups),
+              consumer(1, stages, ready, empty, segments, n_stages, arrives, groups)]
+    landing = tma(stages, full, in_flight, rs, rng)
     live = list(actors)
     stalled = 0
     while live:
-        actor = rng.choice(live)
+        actor = rng.choice(live + [landing])
         try:
             state = next(actor)
         except StopIteration:
             live.remove(actor)
             stalled = 0
             continue
-        stalled = stalled + 1 if state == "blocked" else 0
+        stalled = stalled + 1 if state in ("blocked", "idle") else 0
         assert stalled < 10_000, "deadlock: every actor is waiting"
+    assert not in_flight
 
 
 @pytest.mark.parametrize("groups", [1, 4], ids=["ss", "rs"])
@@ -173,10 +201,11 @@ def test_the_model_catches_a_release_before_the_reads_are_over(monkeypatch) -> N
 def test_the_model_catches_a_wrong_parity(monkeypatch) -> None:
     """Waiting on `empty` with the parity of the phase before (no ^ 1) lets the producer refill a stage too early."""
 
-    def eager(stages, full, empty, count, n_stages):
+    def eager(stages, full, ready, empty, count, n_stages, rs, in_flight):
         prefetch = n_stages - 2
         for j in range(min(prefetch, count)):
-            stages[j].iteration, stages[j].complete = j, False
+            stages[j].iteration, stages[j].landed, stages[j].complete = j, False, False
+            in_flight.append(j)
             yield
         for i in range(count):
             j = i + prefetch
@@ -186,11 +215,15 @@ def test_the_model_catches_a_wrong_parity(monkeypatch) -> None:
                     while not empty[sj].passes((j // n_stages) & 1):
                         yield "blocked"
                 assert not stages[sj].readers, f"stage {sj} overwritten under wgmma reads {stages[sj].readers}"
-                stages[sj].iteration, stages[sj].complete = j, False
+                stages[sj].iteration, stages[sj].landed, stages[sj].complete = j, False, False
+                in_flight.append(sj)
             yield
-            stages[i % n_stages].complete = True
+            s = i % n_stages
+            while not full[s].passes((i // n_stages) & 1):
+                yield "blocked"
+            stages[s].complete = True
             yield
-            full[i % n_stages].arrive()
+            ready[s].arrive()
 
     monkeypatch.setitem(globals(), "producer", eager)
     with pytest.raises(AssertionError):

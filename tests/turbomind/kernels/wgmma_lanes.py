@@ -1,14 +1,15 @@
 """A lane-level emulation of the CUDA kernel in `w4a16_wgmma.SOURCE`, for CI machines without a GPU.
 
-It follows the source, vectorized over the producer's 128 threads and each consumer warpgroup's: the cp.async
-copies into a byte-addressed shared memory (`SharedMemory`, which counts bank conflicts), the stage each tile
-takes and the order of refills, decodes and reads the mbarriers allow, the decode and dequant of every word with
-the GEMV emulation's bit operations and its 16-byte store at the core-matrix address, the matrix descriptors as
-the source builds them read back through wgmma's canonical K-major layouts (A without swizzle: core matrix
-(row / 8, k / 8) at start + (row / 8) SBO + (k / 8) LBO, rows of 16 bytes; x in the 128-byte swizzle: rows of
-128 bytes, SBO between 8-row atoms, address bits 4-6 XORed with bits 7-9), the accumulator registers of wgmma's D layout
-(each warp 16 rows as m16n8 C fragments along n), the staged output tile and its 16-byte rows, and the split-K
-workspace. What the hardware does with the same text is the GPU probe's job (`benchmarks/w4a16_mma_probe.py`).
+It follows the source, vectorized over the producer's 128 threads and each consumer warpgroup's: the bulk and TMA
+copies (the bytes where they land: x's box in the 128-byte swizzle, zeros past M) into a byte-addressed shared memory
+(`SharedMemory`, which counts bank conflicts), the stage each tile takes and the order of refills, decodes and reads
+the mbarriers allow, the decode and dequant of every word with the GEMV emulation's bit operations and its 16-byte
+store at the core-matrix address, the matrix descriptors as the source builds them read back through wgmma's canonical
+K-major layouts (A without swizzle: core matrix (row / 8, k / 8) at start + (row / 8) SBO + (k / 8) LBO, rows of 16
+bytes; x in the 128-byte swizzle: rows of 128 bytes, SBO between 8-row atoms, address bits 4-6 XORed with bits 7-9),
+the accumulator registers of wgmma's D layout (each warp 16 rows as m16n8 C fragments along n), the staged output tile
+and its 16-byte rows, and the split-K workspace. What the hardware does with the same text is the GPU probe's job
+(`benchmarks/w4a16_mma_probe.py`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def core_offset(row: torch.Tensor, k8: torch.Tensor | int) -> torch.Tensor:
 
 
 def x_offset(m: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """x_offset() of the source, less X_OFFSET: token m's row of 128 bytes, its chunk c at c ^ (m % 8)."""
+    """Where a TMA box in the 128-byte swizzle puts token m's chunk c: its row of 128 bytes, at c ^ (m % 8)."""
     return m * 128 + ((c ^ (m & 7)) << 4)
 
 
@@ -109,7 +110,7 @@ def _cta(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: to
     group = k // scales.shape[0]
     kt_count, tiles_m = k // BLOCK_K, -(-rows // cfg.block_t)
     bn, bt, stages = cfg.block_n, cfg.block_t, cfg.stages
-    slices, prefetch = bn // 128, stages - 2
+    slices, prefetch = bn // 128, stages - 1 if cfg.rs else stages - 2  # PREFETCH
     scale_rows = BLOCK_K // group if group < BLOCK_K else 1
     layout = stage_layout(cfg, group)
     x_at, a_offset, raw_offset = layout["X_OFFSET"], layout["A_OFFSET"], layout["RAW_OFFSET"]
@@ -130,26 +131,26 @@ def _cta(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: to
         return ((it + 1) * ctas - 1) // total
 
     def copy_weights(base: int, n0: int, kt: int) -> None:
-        raw_step = 128 // (bn // 4)
-        c, r0 = P % (bn // 4), P // (bn // 4)
-        for u in range(8 // raw_step):
-            r = r0 + u * raw_step
-            smem.copy16(base + raw_offset + r * bn * 4 + c * 16, q_words[(kt * 8 + r)[:, None], (n0 + 4 * c)[:, None] + quads],
-                        torch.ones(128, dtype=torch.bool))
-        p = P[: 2 * scale_rows * (bn // 8)]  # the threads with a scale or zero chunk
-        which, r, sc = p // (scale_rows * (bn // 8)), (p // (bn // 8)) % scale_rows, p % (bn // 8)
-        row = (kt * BLOCK_K + r * 32) // group
-        cols = ((n0 + 8 * sc) // 2)[:, None] + quads
-        src = torch.where(which[:, None] == 1, z_words[row[:, None], cols], s_words[row[:, None], cols])
-        smem.copy16(base + sc_offset + which * sc_bytes + r * bn * 2 + sc * 16, src, torch.ones_like(p, dtype=bool))
+        """copy_weights(): one bulk copy a row of words, scales and zeros (16-byte pieces here, no bank traffic)."""
+        for r in range(8):
+            chunks = torch.arange(bn // 4)
+            words = q_words[kt * 8 + r, (n0 + 4 * chunks)[:, None] + quads]
+            smem.copy16(base + raw_offset + r * bn * 4 + chunks * 16, words, torch.ones_like(chunks, dtype=bool))
+        for r in range(scale_rows):
+            row = (kt * BLOCK_K + r * 32) // group
+            chunks = torch.arange(bn // 8)
+            for which, words in enumerate((s_words, z_words)):
+                smem.copy16(base + sc_offset + which * sc_bytes + r * bn * 2 + chunks * 16,
+                            words[row, ((n0 + 8 * chunks) // 2)[:, None] + quads], torch.ones_like(chunks, dtype=bool))
 
     def copy_x(base: int, m0: int, m_rows: int, kt: int) -> None:
-        for u in range(bt * 8 // 128):
-            i = P + u * 128
-            m, c = i >> 3, i & 7
-            valid = m < m_rows
-            src = x_words[m0 + torch.where(valid, m, 0)[:, None], ((kt * BLOCK_K + c * 8) // 2)[:, None] + quads]
-            smem.copy16(base + x_at + x_offset(m, c), src, valid)
+        """tensor_copy() of x_map's box at (k 64 kt, row m0): bt rows of 64 k in the 128-byte swizzle, rows past M
+        as zeros."""
+        i = torch.arange(bt * 8)
+        m, c = i >> 3, i & 7
+        valid = m < m_rows
+        src = x_words[m0 + torch.where(valid, m, 0)[:, None], ((kt * BLOCK_K + c * 8) // 2)[:, None] + quads]
+        smem.copy16(base + x_at + x_offset(m, c), src, valid)
 
     def dequant_stage(base: int) -> None:
         for e in range(slices):
@@ -210,7 +211,7 @@ def _cta(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: to
         length = min(count - i, kt_count - first_kt)
         for step in range(length):
             j = i + prefetch
-            if j < count:  # the producer, ahead: the stage of iteration j - stages, released (i - 2 < i)
+            if j < count:  # the producer, ahead: the stage of iteration j - stages, consumed already
                 _, kt, jm0, jm_rows, jn0 = work_at(it0 + j)
                 copy_weights((j % stages) * stage, jn0, kt)
                 copy_x((j % stages) * stage, jm0, jm_rows, kt)
