@@ -46,7 +46,10 @@ def test_specialization_compiles_for_sm90a(offline, spec) -> None:
     assert first < wait and not any("STL" in line or "LDL" in line for line in lines[first:wait])
     assert not any("WARPGROUP.DEPBAR.LE gsb0, 0x0" in line for line in lines[first:wait])
     assert "SYNCS.PHASECHK.TRANS64.TRYWAIT" in sass and "SYNCS.ARRIVE.TRANS64" in sass  # the mbarriers
-    assert "LDGSTS.E.BYPASS.128" in sass and "FENCE.VIEW.ASYNC.S" in sass and "BAR.SYNC.DEFER_BLOCKING 0x1, 0x80" in sass
+    # the copies by the TMA unit (x's box and the bulk copies of the weights), none by cp.async; SS: the decode's
+    # fence and the producers' barrier
+    assert "UTMALDG.2D" in sass and "UBLKCP.S.G" in sass and "LDGSTS" not in sass
+    assert ("FENCE.VIEW.ASYNC.S" in sass and "BAR.SYNC.DEFER_BLOCKING 0x1, 0x80" in sass) == (not cfg.rs)
     assert ("ACQBULK" in sass) == pdl
     # the registers the launch bounds leave (65536 an SM over its CTAs' 384 threads, in 8s); a few scalars spilled
     # outside the loop at most (the 256 x 128 tile's consumers hold 128 accumulators)
