@@ -39,7 +39,6 @@ from lmd.turbomind.kernels import w4a16_wgmma as wg  # noqa: E402
 from lmd.turbomind.kernels.gpu_timing import graph_ms  # noqa: E402
 from lmd.turbomind.kernels.w4a16 import output_is_wrong, random_weight  # noqa: E402
 from lmd.turbomind.kernels.w4a16_layout import w4a16_matmul_reference  # noqa: E402
-from lmd.turbomind.kernels.w4a16_mma_gemv import launch_w4a16  # noqa: E402
 
 GROUP = 128
 RS_DECODE = "a[kk & 1][e][r] = natural_pair(q, pair_select, cs2[e][r & 1], z2[e][r & 1]);"
@@ -70,19 +69,7 @@ def _kernel(variant: str, cfg: wg.WgmmaConfig, pdl: bool, device: int) -> nvrtc.
 def run(variant: str, cfg: wg.WgmmaConfig, x: torch.Tensor, qw: torch.Tensor, s: torch.Tensor,
         z: torch.Tensor) -> torch.Tensor:
     """One launch as `wgmma_gemm` makes it, of the variant's source."""
-    m, k = x.shape
-    n = qw.shape[1]
-    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-    tiles, _ = wg.iterations(cfg, m, n, k)
-
-    def grid(kernel: nvrtc.Kernel) -> tuple[int, int, int]:
-        resident = sms * max(1, nvrtc.max_active_blocks(kernel, wg.THREADS, wg.shared_bytes(cfg, GROUP)))
-        return wg.grid_size(cfg, m, n, k, resident), 1, 1
-
-    slots = 0 if cfg.split == 1 else min(tiles, tiles * cfg.split if cfg.split else sms * 2)
-    return launch_w4a16(lambda pdl, device: _kernel(variant, cfg, pdl, device), x, qw, s, z, None, grid,
-                        [wg.x_tensor_map(x, cfg)], slots,
-                        wg.THREADS, wg.shared_bytes(cfg, GROUP), slots * cfg.block_t * cfg.block_n)
+    return wg.launch_with(lambda pdl, device: _kernel(variant, cfg, pdl, device), x, qw, s, z, None, cfg)
 
 
 def config_named(name: str, m: int, n: int, k: int) -> wg.WgmmaConfig:

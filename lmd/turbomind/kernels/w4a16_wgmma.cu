@@ -164,10 +164,11 @@ __device__ __forceinline__ void dequant_stage(u32 stage, u32 scale_c2, u32 one, 
 
 // Stream-K: the CTAs split the tile-major sequence of (output tile, k tile) iterations evenly, CTA c taking
 // [c I / G, (c + 1) I / G) of I = tiles x k tiles; tile t = token tile t % tiles_m, channel block t / tiles_m. A tile
-// one CTA covers whole is written straight from the accumulators; the CTAs that share a tile add fp32 partials
-// into a [BT][BN] workspace slot and the last of them writes it (finish_split_k). The slot: the tile itself where
-// G >= tiles, else the first CTA that touches it, owner(t KT) < G (a shared tile holds the last iteration of its
-// first owner, so no two shared tiles have the same one): the workspace is min(G, tiles) slots, whatever M is.
+// one CTA covers whole is written straight from the accumulators. The CTAs that share a tile each store their fp32
+// partial, in register order, to a slot of their own and bump the tile's counter; the last to bump adds the
+// others' partials to its accumulators, writes the tile and resets the counter (no atomics on the data, nothing to
+// clean, no CTA waits for another). A CTA shares at most two tiles, its first segment's and its last's: slots
+// 2c and 2c + 1, of BT x BN floats each.
 struct Work {
     int tile, kt, m0, M, n0;  // output tile, k tile, its first token row and rows, its first channel
 };
@@ -196,6 +197,42 @@ __device__ __forceinline__ int owner(long long it, long long total) {  // the CT
     return (int)(((it + 1) * gridDim.x - 1) / total);
 }
 
+// CTA c's slot for its partial of tile t: 2c where t is the tile of its first iteration, else 2c + 1
+__device__ __forceinline__ int partial_slot(int c, int tile, long long total, int KT) {
+    return 2 * c + (int)(c * total / gridDim.x / KT != tile);
+}
+
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 2, 256;" ::: "memory"); }
+
+// a consumer thread's accumulators in register order: float f of thread p at ((f / 4) 256 + p) 4 + f % 4, so that
+// each 16-byte store or load of a warp is 512 contiguous bytes
+__device__ __forceinline__ void store_partial(float* slot, float (*d)[BT / 2], int p) {
+#pragma unroll
+    for (int e = 0; e < SLICES; ++e)
+#pragma unroll
+        for (int j = 0; j < BT / 2; j += 4) {
+            float* at = slot + (u64)(((e * (BT / 2) + j) / 4) * 256 + p) * 4;
+            asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(at), "f"(d[e][j]), "f"(d[e][j + 1]),
+                         "f"(d[e][j + 2]), "f"(d[e][j + 3]) : "memory");
+        }
+}
+
+__device__ __forceinline__ void add_partial(float (*d)[BT / 2], const float* slot, int p) {
+#pragma unroll
+    for (int e = 0; e < SLICES; ++e)
+#pragma unroll
+        for (int j = 0; j < BT / 2; j += 4) {
+            const float* at = slot + (u64)(((e * (BT / 2) + j) / 4) * 256 + p) * 4;
+            float a, b, c, f;  // from the L2: another SM wrote it
+            asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(a), "=f"(b), "=f"(c), "=f"(f) : "l"(at)
+                         : "memory");
+            d[e][j] += a;
+            d[e][j + 1] += b;
+            d[e][j + 2] += c;
+            d[e][j + 3] += f;
+        }
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM)
 w4a16_wgmma(const u16* __restrict__ x, const u32* __restrict__ qw, const u16* __restrict__ scales,
             const u16* __restrict__ zeros, const u16* __restrict__ bias, u16* __restrict__ out,
@@ -206,6 +243,7 @@ w4a16_wgmma(const u16* __restrict__ x, const u32* __restrict__ qw, const u16* __
     // arrival per consumer warpgroup: its reads of the stage are over), ready[s] (SS: one producer arrival, A is
     // dequantized; RS: full[s] itself)
     __shared__ __align__(8) u64 barriers[3 * STAGES];
+    __shared__ int last_contributor;  // of a shared tile: whether this CTA's bump of its counter was the last
     const int KT = K / BK, tiles_m = (rows + BT - 1) / BT;
     const long long total = (long long)tiles_m * (N / BN) * KT;
     const long long it0 = blockIdx.x * total / gridDim.x;
@@ -367,16 +405,27 @@ w4a16_wgmma(const u16* __restrict__ x, const u32* __restrict__ qw, const u16* __
         // the segment of tile w.tile ends here. d[e][4v + q] of warp w4, lane (g, t): channel 16 w4 + g of slice
         // slice0 + e (+ 8 for q >= 2), token 8v + 2t (+ 1 for odd q)
         const int last_kt = first_kt + length - 1;
-        const int contributors = first_kt == 0 && last_kt == KT - 1
-            ? 1 : owner((long long)(w.tile + 1) * KT - 1, total) - owner((long long)w.tile * KT, total) + 1;
+        if (first_kt != 0 || last_kt != KT - 1) {  // a shared tile
+            const int first_owner = owner((long long)w.tile * KT, total);
+            const int last_owner = owner((long long)(w.tile + 1) * KT - 1, total);
+            const int p = threadIdx.x - 128;
+            store_partial(ws + (u64)partial_slot(blockIdx.x, w.tile, total, KT) * BT * BN, d, p);
+            __threadfence();
+            consumers_sync();
+            if (p == 0) last_contributor = atomicAdd(counters + w.tile, 1) == last_owner - first_owner;
+            consumers_sync();
+            if (!last_contributor) continue;
+            __threadfence();
+            for (int c = first_owner; c <= last_owner; ++c)
+                if (c != (int)blockIdx.x) add_partial(d, ws + (u64)partial_slot(c, w.tile, total, KT) * BT * BN, p);
+            if (p == 0) counters[w.tile] = 0;
+        }
         u16* tile_out = out + (u64)w.m0 * N + w.n0;
-        const int slot = (long long)gridDim.x >= total / KT ? w.tile : owner((long long)w.tile * KT, total);
-        float* tile_ws = ws + (u64)slot * BT * BN;
 #pragma unroll
         for (int e = 0; e < SLICES; ++e) {
             const int ch = (slice0 + e) * 64 + 16 * w4 + g;  // within the tile
             float b_lo = 0.f, b_hi = 0.f;
-            if (has_bias && contributors == 1) {
+            if (has_bias) {
                 b_lo = to_float(bias[w.n0 + ch], 0);
                 b_hi = to_float(bias[w.n0 + ch + 8], 0);
             }
@@ -385,16 +434,9 @@ w4a16_wgmma(const u16* __restrict__ x, const u32* __restrict__ qw, const u16* __
 #pragma unroll
                 for (int q = 0; q < 4; ++q) {
                     const int m = 8 * v + 2 * t + (q & 1), c = ch + (q >> 1) * 8;
-                    if (m >= w.M) continue;
-                    if (contributors == 1)
-                        tile_out[(u64)m * N + c] = from_float(d[e][4 * v + q] + (q >> 1 ? b_hi : b_lo));
-                    else
-                        atomicAdd(tile_ws + m * BN + c, d[e][4 * v + q]);
+                    if (m < w.M) tile_out[(u64)m * N + c] = from_float(d[e][4 * v + q] + (q >> 1 ? b_hi : b_lo));
                 }
             }
         }
-        if (contributors > 1)
-            finish_split_k<2>(tile_ws, BN, counters + slot, tile_out, N, bias, has_bias, w.n0, w.M, BN, contributors,
-                              threadIdx.x - 128, 256);
     }
 }

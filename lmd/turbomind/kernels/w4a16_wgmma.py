@@ -14,13 +14,14 @@ or 256), in k tiles of 64 through STAGES shared-memory stages:
     (consumers)              shared memory); commit; once tile i - 1's group is done, arrive on empty[(i-1) % S]
 
 The producer refills a stage only after empty says both consumers' reads of its previous tile are over, and
-dequantizes tile i while the consumers' wgmma of tile i - 1 runs. Work is scheduled stream-K: the grid's G CTAs
-split the tile-major sequence of (output tile, k tile) iterations evenly, so no wave is ragged however the tiles
-fall on the SMs (the N = 4096 shapes, or 172 tiles on 132 SMs); the pipeline runs on across tile boundaries. A tile
-one CTA covers whole leaves straight from the accumulators; the CTAs that share one add fp32 partials into a slot
-of the self-cleaning split-K workspace (`w4a16_epilogue`; min(G, tiles) slots of BT x BN) and the last of them
-writes it. `split` sets G: one CTA a tile (1), that many a tile (2, 3, ...), or as many as the SMs hold at once
-(0, "stream").
+dequantizes tile i while the consumers' wgmma of tile i - 1 runs. Work is scheduled stream-K: the grid's G CTAs split
+the tile-major sequence of (output tile, k tile) iterations evenly, so no wave is ragged however the tiles fall on the
+SMs (the N = 4096 shapes, or 172 tiles on 132 SMs); the pipeline runs on across tile boundaries. A tile one CTA covers
+whole leaves straight from the accumulators; the CTAs that share one each store their fp32 partial in register order
+to a slot of their own (two a CTA: a CTA shares at most its first and its last tile) and bump the tile's counter, and
+the last to bump adds the others' partials and writes the tile (no atomics on the data: the atomic adds into one slot,
+and the reads that cleaned it, had made stream-K slower than one CTA a tile). `split` sets G: one CTA a tile (1), that
+many a tile (2, 3, ...), or as many as the SMs hold at once (0, "stream").
 
 x sits in the 128-byte swizzle, K-major: token m's 64 k are one 128-byte row, its 16-byte chunk c at c ^ (m % 8), in
 1024-byte atoms of 8 rows, as a TMA box of a tensor map in that swizzle lands (`x_tensor_map`, encoded on the host
@@ -43,6 +44,7 @@ workspace left clean), runs its barrier protocol as a model under random schedul
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -217,18 +219,32 @@ def wgmma_gemm(x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
     x2d, bias = checked_operands("wgmma", x2d, qweight, scales, zeros, bias)
     if torch.cuda.get_device_capability(x2d.device) != (9, 0):
         raise ValueError("wgmma runs on sm_90 (Hopper) devices")
+    return launch_with(lambda pdl, device: _kernel(x2d.dtype, group, cfg, pdl, device), x2d, qweight, scales, zeros,
+                       bias, cfg)
+
+
+def launch_with(kernel_for: Callable[[bool, int], nvrtc.Kernel], x2d: torch.Tensor, qweight: torch.Tensor,
+                scales: torch.Tensor, zeros: torch.Tensor, bias: torch.Tensor | None, cfg: WgmmaConfig) -> torch.Tensor:
+    """One launch of `kernel_for(pdl, device)` (this kernel's source, or a copy of it) as `wgmma_gemm` makes it, on
+    checked operands: the grid, the tensor map of x, the counters and partial slots of shared tiles."""
+    m, k = x2d.shape
+    n = qweight.shape[1]
+    group = k // scales.shape[0]
     sms = torch.cuda.get_device_properties(x2d.device).multi_processor_count
     tiles, _ = iterations(cfg, m, n, k)
+    most = grid_size(cfg, m, n, k, sms * ctas_per_sm(cfg, group))  # resident CTAs never exceed the launch bounds
 
     def grid(kernel: nvrtc.Kernel) -> tuple[int, int, int]:
         resident = sms * max(1, nvrtc.max_active_blocks(kernel, THREADS, shared_bytes(cfg, group)))
-        return grid_size(cfg, m, n, k, resident), 1, 1
+        ctas = grid_size(cfg, m, n, k, resident)
+        assert ctas <= most, "more CTAs than partial slots"
+        return ctas, 1, 1
 
-    # one CTA a tile adds no partials; else up to min(G, tiles) workspace slots of block_t x block_n (the .cu)
-    slots = 0 if cfg.split == 1 else min(tiles, tiles * cfg.split if cfg.split else sms * 2)
-    return launch_w4a16(lambda pdl, device: _kernel(x2d.dtype, group, cfg, pdl, device), x2d, qweight, scales, zeros,
-                        bias, grid, [x_tensor_map(x2d, cfg)], slots, THREADS, shared_bytes(cfg, group),
-                        slots * cfg.block_t * cfg.block_n)
+    # shared tiles (split != 1): a counter a tile, and two partial slots of block_t x block_n floats a CTA (the .cu)
+    shared = cfg.split != 1
+    return launch_w4a16(kernel_for, x2d, qweight, scales, zeros, bias, grid, [x_tensor_map(x2d, cfg)],
+                        tiles if shared else 0, THREADS, shared_bytes(cfg, group),
+                        2 * most * cfg.block_t * cfg.block_n if shared else 0)
 
 
 def x_tensor_map(x2d: torch.Tensor, cfg: WgmmaConfig) -> bytes:

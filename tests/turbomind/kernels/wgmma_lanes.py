@@ -82,15 +82,17 @@ def run(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: tor
     n = qweight.shape[1]
     tiles, total = iterations(cfg, rows, n, k)
     ctas = grid_size(cfg, rows, n, k, resident)
-    slots = min(tiles, ctas)  # the workspace slots the source indexes (the tile, or the tile's first owner)
+    # two partial slots a CTA, of block_t x block_n floats in register order; a counter a tile
     state = Outputs(torch.full((rows, n), float("nan"), dtype=x.dtype), torch.zeros(rows, n, dtype=torch.int64),
-                    torch.zeros(slots, cfg.block_t, cfg.block_n), torch.zeros(slots, dtype=torch.int64))
+                    torch.full((2 * ctas, cfg.block_t * cfg.block_n), float("nan")),
+                    torch.zeros(tiles, dtype=torch.int64))
     conflicts = 0
     for c in range(ctas):
         it0 = c * total // ctas
-        conflicts += _cta(x, qweight, scales, zeros, bias, cfg, it0, (c + 1) * total // ctas - it0, ctas, total, state)
+        conflicts += _cta(x, qweight, scales, zeros, bias, cfg, c, it0, (c + 1) * total // ctas - it0, ctas, total,
+                          state)
     assert bool((state.writes == 1).all()), "an output element written more than once or never"
-    assert not bool(state.ws.any()) and not bool(state.counters.any()), "the split-K workspace is not clean again"
+    assert not bool(state.counters.any()), "a shared tile's counter is not reset"
     return state.out, conflicts
 
 
@@ -98,12 +100,12 @@ def run(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: tor
 class Outputs:
     out: torch.Tensor
     writes: torch.Tensor  # times each output element was written
-    ws: torch.Tensor  # the split-K workspace: slots of [block_t, block_n] fp32
+    ws: torch.Tensor  # partial slots, two a CTA: block_t x block_n fp32 each, in register order
     counters: torch.Tensor  # one a slot
 
 
 def _cta(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-         bias: torch.Tensor | None, cfg: WgmmaConfig, it0: int, count: int, ctas: int, total: int,
+         bias: torch.Tensor | None, cfg: WgmmaConfig, cta: int, it0: int, count: int, ctas: int, total: int,
          state: Outputs) -> int:
     dtype = x.dtype
     rows, k = x.shape
@@ -129,6 +131,16 @@ def _cta(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: to
 
     def owner(it: int) -> int:
         return ((it + 1) * ctas - 1) // total
+
+    def partial_slot(c: int, t: int) -> int:  # 2c where t is the tile of c's first iteration, else 2c + 1
+        return 2 * c + int(c * total // ctas // kt_count != t)
+
+    def slot_order(regs: torch.Tensor) -> torch.Tensor:  # float f of thread p at ((f / 4) 256 + p) 4 + f % 4
+        flat = regs.reshape(256, -1)
+        return flat.reshape(256, -1, 4).permute(1, 0, 2).reshape(-1)
+
+    def from_slot_order(slot: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+        return slot.reshape(-1, 256, 4).permute(1, 0, 2).reshape(shape)
 
     def copy_weights(base: int, n0: int, kt: int) -> None:
         """copy_weights(): one bulk copy a row of words, scales and zeros (16-byte pieces here, no bank traffic)."""
@@ -232,33 +244,36 @@ def _cta(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: to
             i += 1
         last_kt = first_kt + length - 1
         # the segment's end: the registers d[e][4v + q] of warp w4, lane (g, t) = D[16 w4 + g + 8 (q >> 1), 8v + 2t
-        # + (q & 1)], stored straight (a whole tile) or added into the workspace
-        whole = first_kt == 0 and last_kt == kt_count - 1
-        contributors = 1 if whole else owner((tile + 1) * kt_count - 1) - owner(tile * kt_count) + 1
-        slot = tile if ctas >= total // kt_count else owner(tile * kt_count)
+        # + (q & 1)]; a shared tile's partial goes to this CTA's slot, and the last contributor adds the others'
+        regs = torch.zeros(2, 128, slices, bt // 2)  # consumer warpgroup, thread, the thread's d[e][j]
+        for wg in range(2):
+            for e in range(slices):
+                for v in range(bt // 8):
+                    for q in range(4):
+                        regs[wg, :, e, 4 * v + q] = d[wg, e, 16 * w4 + g + 8 * (q >> 1), 8 * v + 2 * t + (q & 1)]
+        if first_kt != 0 or last_kt != kt_count - 1:
+            first_owner, last_owner = owner(tile * kt_count), owner((tile + 1) * kt_count - 1)
+            state.ws[partial_slot(cta, tile)] = slot_order(regs)
+            state.counters[tile] += 1
+            if int(state.counters[tile]) != last_owner - first_owner + 1:
+                continue
+            for c in range(first_owner, last_owner + 1):
+                if c != cta:
+                    regs = regs + from_slot_order(state.ws[partial_slot(c, tile)], regs.shape)
+            state.counters[tile] = 0
         for wg in range(2):
             for e in range(slices):
                 ch = n0 + (wg * slices + e) * 64 + 16 * w4 + g
+                if bias is not None:
+                    b_lo, b_hi = bias[ch].float(), bias[ch + 8].float()
                 for v in range(bt // 8):
                     for q in range(4):
                         m, c = 8 * v + 2 * t + (q & 1), ch + (q >> 1) * 8
-                        value = d[wg, e, 16 * w4 + g + 8 * (q >> 1), m]
+                        value = regs[wg, :, e, 4 * v + q]
+                        if bias is not None:
+                            value = value + (b_hi if q >> 1 else b_lo)
                         keep = m < m_rows
                         rows_, cols_ = m0 + m[keep], c[keep]
-                        if contributors > 1:
-                            state.ws[slot, m[keep], (c - n0)[keep]] += value[keep]
-                            continue
-                        if bias is not None:
-                            value = value + bias[c].float()
                         state.out[rows_, cols_] = value[keep].to(dtype)
                         state.writes[rows_, cols_] += 1
-        if contributors > 1:  # finish_split_k: the last contributor writes the tile and cleans up its slot
-            state.counters[slot] += 1
-            if int(state.counters[slot]) == contributors:
-                block = (slice(m0, m0 + m_rows), slice(n0, n0 + bn))
-                v = state.ws[slot, :m_rows] + (bias[n0:n0 + bn].float() if bias is not None else 0.0)
-                state.out[block] = v.to(dtype)
-                state.writes[block] += 1
-                state.ws[slot] = 0
-                state.counters[slot] = 0
     return smem.conflicts
