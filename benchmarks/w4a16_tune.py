@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ["LMD_W4A16_PLAN_CACHE"] = "0"  # always tune: the timings are the results
 from lmd.turbomind.kernels import w4a16_mma_gemv as mma_gemv  # noqa: E402
 from lmd.turbomind.kernels import w4a16_shipped_plans as shipped  # noqa: E402
+from lmd.turbomind.kernels import w4a16_wgmma as wgmma  # noqa: E402
 from lmd.turbomind.kernels.w4a16 import TUNE_LOG, m_bucket, plan_for, plan_key, random_weight  # noqa: E402
 
 SHAPES = "12288x4096,4096x4096,22016x4096,4096x11008"  # N (out) x K (in): qkv, o, gate+up, down
@@ -40,9 +41,11 @@ def write_table(rows: list[dict], gpu: str, out: Path) -> Path:
     shapes = ",".join(dict.fromkeys(f"{r['n']}x{r['k']}" for r in rows))
     source = f"benchmarks/w4a16_tune.py --shapes {shapes}"
     cuda = mma_gemv.cuda_kernels(torch.device("cuda"))
-    # by family: under the default the GEMV was offered up to 16 rows only, so a table tuned so never judges it past
-    # 16 rows (where it loses; docs/benchmarks.md, twenty-third session)
-    opt_in = {"none": [], "gemv": ["mma-gemv"], "all": list(shipped.OPT_IN_FAMILIES)}[cuda]
+    # by family: under the default the GEMV was offered up to 16 rows only and the wgmma GEMM's RS form from 256 (on
+    # sm_90), so a table tuned so never judges the GEMV past 16 rows (where it loses; docs/benchmarks.md,
+    # twenty-third session) nor the rest of the wgmma configs
+    default = ["mma-gemv", "wgmma"] if wgmma.runs_on(torch.device("cuda")) else ["mma-gemv"]
+    opt_in = {"none": [], "default": default, "all": list(shipped.OPT_IN_FAMILIES)}[cuda]
     path.write_text(shipped.table_json(gpu, triton.__version__, source, plans, opt_in))
     return path
 

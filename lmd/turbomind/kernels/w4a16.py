@@ -226,8 +226,8 @@ def candidates(bucket: int, n: int, k: int, group: int, device: torch.device) ->
         out.extend(w4a16_mma_gemv.tuner_configs(bucket, n, k, group, max_rows, staged=cuda == "all"))
     if cuda == "all":
         out.extend(w4a16_mma_gemm.tuner_configs(bucket, n, k, group, sms))
-        if w4a16_wgmma.runs_on(device):
-            out.extend(w4a16_wgmma.tuner_configs(bucket, n, k, group))
+    if cuda != "none" and w4a16_wgmma.runs_on(device):
+        out.extend(w4a16_wgmma.offered_configs(bucket, n, k, group, every=cuda == "all"))
     return list(dict.fromkeys(out))
 
 

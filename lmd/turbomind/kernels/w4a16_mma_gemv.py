@@ -107,19 +107,23 @@ def supports(n: int, k: int, group: int) -> bool:
 
 def cuda_kernels(device: torch.device) -> str:
     """Which of lmd's CUDA C++ W4A16 kernels the tuner offers on `device`, from `LMD_W4A16_CUDA`:
-    - unset: "gemv", this GEMV for buckets up to DEFAULT_ROWS, where the GPU measured it ahead of the Triton plans
-      (1.07-1.9x at 1-8 rows on the Llama-7B shapes, 0.96-1.38x at 16; docs/benchmarks.md, twenty-third session);
-    - "1": "all", also this GEMV up to MAX_ROWS, the mma.sync GEMM and on sm_90 the wgmma GEMM. They pass every check
-      on the GPU but are behind the Triton plans and dequantize+cuBLAS from 32 rows, so they are there to be measured;
+    - unset: "default", this GEMV for buckets up to DEFAULT_ROWS, where the GPU measured it ahead of the Triton plans
+      (1.07-1.9x at 1-8 rows on the Llama-7B shapes, 0.96-1.38x at 16; docs/benchmarks.md, twenty-third session),
+      and on sm_90 the RS form of the wgmma GEMM from w4a16_wgmma.DEFAULT_MIN_ROWS (with TMA copies and stream-K it
+      ties or beats the Triton plans there: 1.0-1.29x at 256 rows, 0.94-1.03x dequantize+cuBLAS at 1024;
+      twenty-fifth session);
+    - "1": "all", also this GEMV up to MAX_ROWS and its staged configs, the mma.sync GEMM and on sm_90 every wgmma
+      config from 64 rows. They pass every check on the GPU; the rest are behind the Triton plans, there to be
+      measured;
     - "0", a device that is not CUDA or is older than sm_80 (mma.sync m16n8k16 and cp.async), or no NVRTC: "none"."""
     setting = os.environ.get("LMD_W4A16_CUDA", "")
     if setting not in ("", "0", "1"):
         raise LmdError(f"LMD_W4A16_CUDA={setting!r}: 0 (none of the CUDA W4A16 kernels), 1 (all of them) or unset "
-                       "(the mma.sync GEMV up to 16 rows)")
+                       "(the mma.sync GEMV up to 16 rows, the wgmma GEMM from 256)")
     if (setting == "0" or device.type != "cuda" or not nvrtc.available()
             or torch.cuda.get_device_capability(device) < (8, 0)):
         return "none"
-    return "all" if setting == "1" else "gemv"
+    return "all" if setting == "1" else "default"
 
 
 MAX_ROWS = 128  # token tiles re-read the weights (from L2 at best): past 4 tiles the tensor-core GEMMs win

@@ -56,6 +56,7 @@ from lmd.turbomind.kernels.w4a16_mma_gemv import FRAGMENT, GROUPS, PIPELINE, che
 BLOCK_K = 64
 THREADS = 384
 MIN_ROWS = 64  # below this the producer's decode outruns the MMAs it feeds: the mma.sync kernels win
+DEFAULT_MIN_ROWS = 256  # offered by default from here, RS only: where the GPU measured it level with the plans
 # sm_90's 227 KiB of shared memory a block (static + dynamic), less a margin for the kernel's static part (the
 # mbarriers, the split-K flag, the alignment of the dynamic part: up to 2 KiB)
 SHARED_LIMIT = 223 * 1024
@@ -116,8 +117,8 @@ def supports(cfg: WgmmaConfig, n: int, k: int, group: int) -> bool:
 
 
 def runs_on(device: torch.device) -> bool:
-    """An sm_90 device (wgmma and setmaxnreg are sm_90a's). The tuner offers the kernel there with all of lmd's CUDA
-    W4A16 kernels (`LMD_W4A16_CUDA=1`, `w4a16_mma_gemv.cuda_kernels`)."""
+    """An sm_90 device (wgmma, setmaxnreg and the TMA unit are sm_90a's). The tuner offers the kernel there unless
+    `LMD_W4A16_CUDA=0` (`offered_configs`, `w4a16_mma_gemv.cuda_kernels`)."""
     return (device.type == "cuda" and torch.cuda.is_available()
             and torch.cuda.get_device_capability(device) == (9, 0))
 
@@ -165,6 +166,14 @@ def tuner_configs(bucket: int, n: int, k: int, group: int) -> list[WgmmaConfig]:
         rs_fits = [s for s in range(3, 7) if supports(WgmmaConfig(block_n, block_t, s, rs=True), n, k, group)]
         out += [WgmmaConfig(block_n, block_t, stages, split, rs=True) for stages in rs_fits[-1:] for split in (1, 0)]
     return out
+
+
+def offered_configs(bucket: int, n: int, k: int, group: int, every: bool) -> list[WgmmaConfig]:
+    """What the tuner offers: every config (`LMD_W4A16_CUDA=1`), or by default the RS ones from DEFAULT_MIN_ROWS
+    (on an H100 the SS form lost everywhere, and from 256 rows the RS form ties or beats the Triton plans and
+    dequantize+cuBLAS: docs/benchmarks.md, twenty-fifth session)."""
+    configs = tuner_configs(bucket, n, k, group)
+    return configs if every else [c for c in configs if c.rs and bucket >= DEFAULT_MIN_ROWS]
 
 
 SOURCE = Path(__file__).with_suffix(".cu").read_text()

@@ -135,7 +135,7 @@ def test_the_dispatcher_offers_it_only_when_enabled(monkeypatch) -> None:
 
     cpu = torch.device("cpu")
     assert not any(isinstance(p, MmaGemmConfig) for p in w4a16.candidates(64, 4096, 4096, 128, cpu))
-    monkeypatch.setattr(w4a16_mma_gemv, "cuda_kernels", lambda device: "gemv")  # the default: the GEMV alone
+    monkeypatch.setattr(w4a16_mma_gemv, "cuda_kernels", lambda device: "default")  # the default: the GEMV alone
     assert not any(isinstance(p, MmaGemmConfig) for p in w4a16.candidates(64, 4096, 4096, 128, cpu))
     monkeypatch.setattr(w4a16_mma_gemv, "cuda_kernels", lambda device: "all")
     offered = [p for p in w4a16.candidates(64, 4096, 4096, 128, cpu) if isinstance(p, MmaGemmConfig)]

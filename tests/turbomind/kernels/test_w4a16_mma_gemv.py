@@ -185,8 +185,8 @@ def test_the_setting_picks_the_cuda_kernels(monkeypatch) -> None:
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability[0])
     cuda = torch.device("cuda", 0)
     monkeypatch.delenv("LMD_W4A16_CUDA", raising=False)
-    assert kernel.cuda_kernels(cuda) == "gemv"
-    for setting, want in (("", "gemv"), ("1", "all"), ("0", "none")):
+    assert kernel.cuda_kernels(cuda) == "default"
+    for setting, want in (("", "default"), ("1", "all"), ("0", "none")):
         monkeypatch.setenv("LMD_W4A16_CUDA", setting)
         assert kernel.cuda_kernels(cuda) == want
     capability[0] = (7, 5)
@@ -208,7 +208,7 @@ def test_the_dispatcher_offers_it_up_to_16_rows_by_default_and_to_128_with_all(m
         return [p for p in w4a16.candidates(bucket, 4096, 4096, 128, cpu) if isinstance(p, MmaGemvConfig)]
 
     assert not offered(8)
-    monkeypatch.setattr(kernel, "cuda_kernels", lambda device: "gemv")
+    monkeypatch.setattr(kernel, "cuda_kernels", lambda device: "default")
     assert offered(8) == kernel.tuner_configs(8, 4096, 4096, 128) and offered(16)
     assert not offered(32)
     monkeypatch.setattr(kernel, "cuda_kernels", lambda device: "all")

@@ -41,7 +41,7 @@ def test_every_shipped_plan_is_a_current_candidate(monkeypatch) -> None:
         # the opt-in families its tuning offered are offered here too
         offered = set(table.get("opt_in", []))
         monkeypatch.setattr(w4a16.w4a16_mma_gemv, "cuda_kernels", lambda device, o=offered: "all" if "wgmma" in o
-                            else "gemv" if o else "none")
+                            else "default" if o else "none")
         for key, name in table["plans"].items():
             bucket, n, k, group = (int(part[1:]) for part in key.split()[:4])
             names = [plan.name() for plan in w4a16.candidates(bucket, n, k, group, CUDA)]

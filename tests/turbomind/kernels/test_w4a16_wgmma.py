@@ -169,19 +169,24 @@ def test_grid_sizes() -> None:
     assert WgmmaConfig(128, 64, 3, 0).name() == "wgmma n128 t64 s3 stream"
 
 
-def test_the_dispatcher_offers_it_only_when_enabled(monkeypatch) -> None:
+def test_the_dispatcher_offers_it_on_sm90_rs_from_256_rows_by_default_and_all_with_1(monkeypatch) -> None:
     pytest.importorskip("triton")
     from lmd.turbomind.kernels import w4a16
 
     cpu = torch.device("cpu")
-    assert not any(isinstance(p, WgmmaConfig) for p in w4a16.candidates(256, 4096, 4096, 128, cpu))
+
+    def offered(bucket: int) -> list:
+        return [p for p in w4a16.candidates(bucket, 4096, 4096, 128, cpu) if isinstance(p, WgmmaConfig)]
+
+    assert not offered(256)  # not an sm_90 device
     monkeypatch.setattr(kernel, "runs_on", lambda device: True)
-    assert not any(isinstance(p, WgmmaConfig) for p in w4a16.candidates(256, 4096, 4096, 128, cpu))
-    monkeypatch.setattr(w4a16_mma_gemv, "cuda_kernels", lambda device: "gemv")  # the default: the GEMV alone
-    assert not any(isinstance(p, WgmmaConfig) for p in w4a16.candidates(256, 4096, 4096, 128, cpu))
+    monkeypatch.setattr(w4a16_mma_gemv, "cuda_kernels", lambda device: "none")
+    assert not offered(256)
+    monkeypatch.setattr(w4a16_mma_gemv, "cuda_kernels", lambda device: "default")
+    assert not offered(128)
+    assert offered(256) == [c for c in kernel.tuner_configs(256, 4096, 4096, 128) if c.rs] and offered(4096)
     monkeypatch.setattr(w4a16_mma_gemv, "cuda_kernels", lambda device: "all")
-    offered = [p for p in w4a16.candidates(256, 4096, 4096, 128, cpu) if isinstance(p, WgmmaConfig)]
-    assert offered == kernel.tuner_configs(256, 4096, 4096, 128)
+    assert offered(256) == kernel.tuner_configs(256, 4096, 4096, 128) and offered(64)
 
 
 def test_reference_and_emulation_agree_on_a_tile_of_zeros_past_m() -> None:
