@@ -41,6 +41,7 @@ from lmd.turbomind.kernels.w4a16_mma_gemm import tuner_configs as gemm_tuner_con
 from lmd.turbomind.kernels.w4a16_mma_gemv import (  # noqa: E402
     MAX_ROWS,
     MmaGemvConfig,
+    launch_shape,
     mma_gemv,
     mma_gemv_reference,
     tuner_configs,
@@ -247,6 +248,25 @@ def check(failures: list[str], name: str, family: Family) -> int:
     return cases
 
 
+def workspaces_stay_apart(failures: list[str]) -> int:
+    """A split-K launch of the mma GEMV (adding its partials atomically into the zeroed workspace) right after a
+    stream-K launch of the wgmma GEMM (leaving its partial slots as written) must still be right: the two kinds
+    of workspace must not share memory. Returns the cases run."""
+    dev = torch.device("cuda")
+    n, k, group = 4096, 4096, 128
+    qw, s, z = quantize_to_engine(torch.randn(n, k, device=dev) * 0.02, group, torch.float16)
+    x = torch.randn(256, k, device=dev, dtype=torch.float16)
+    split = next(c for c in tuner_configs(1, n, k, group) if launch_shape(c, 1, n, k, group)[2] > 1)
+    cases = 0
+    for cfg in (WgmmaConfig(128, 128, 6, 0, rs=True), WgmmaConfig(256, 64, 4, 0)):
+        wgmma_gemm(x, qw, s, z, None, cfg)
+        y = mma_gemv(x[:1], qw, s, z, None, split)
+        cases += 1
+        if output_is_wrong(y, w4a16_matmul_reference(x[:1].float(), qw, s, z)):
+            failures.append(f"{split.name()} split-K after {cfg.name()}: wrong (the workspaces overlap)")
+    return cases
+
+
 def graph_us(fns: list) -> float:
     return graph_ms(fns, 30) * 1000.0
 
@@ -351,6 +371,7 @@ def main() -> None:
     start = time.time()
     failures: list[str] = []
     cases = sum(check(failures, name, family) for name, family in FAMILIES.items() if name in chosen)
+    cases += workspaces_stay_apart(failures) if sm90 else 0
     print(f"checks: {cases} cases, {len(failures)} failures ({time.time() - start:.1f} s)", flush=True)
     for f in failures[:30]:
         print("  FAIL " + f)

@@ -67,16 +67,19 @@ def store_tile(acc, offs_m, offs_n, M, N, out_ptr, bias_ptr, ws_ptr, cnt_ptr, ti
 
 
 class SplitKWorkspace:
-    """Per-device zeroed fp32 workspace and tile counters for the split-K kernels (grown, never shrunk)."""
+    """Per-device fp32 workspace and tile counters for the split-K kernels (grown, never shrunk). Two kinds, in
+    buffers of their own: "zeroed", the self-cleaning workspace the kernels that add their partials atomically need
+    all-zero between launches; "partials", slots the wgmma GEMM overwrites and never cleans (its counters are reset
+    all the same), which must never leave garbage in the zeroed one."""
 
-    _buffers: dict[tuple[str, int | None], tuple[torch.Tensor, torch.Tensor]] = {}
+    _buffers: dict[tuple[str, int | None, str], tuple[torch.Tensor, torch.Tensor]] = {}
     _retired: list[torch.Tensor] = []  # outgrown buffers stay alive: a captured CUDA graph may still point at them
 
     @classmethod
-    def get(cls, device: torch.device, numel: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def get(cls, device: torch.device, numel: int, tiles: int, kind: str = "zeroed") -> tuple[torch.Tensor, torch.Tensor]:
         if tiles > MAX_TILES:
             raise ValueError(f"split-K launch with {tiles} tiles exceeds the {MAX_TILES} counters")
-        key = (device.type, device.index)
+        key = (device.type, device.index, kind)
         ws, cnt = cls._buffers.get(key, (None, None))
         if ws is None or ws.numel() < numel:
             if device.type == "cuda" and torch.cuda.is_current_stream_capturing():

@@ -194,7 +194,8 @@ def checked_operands(kind: str, x2d: torch.Tensor, qweight: torch.Tensor, scales
 def launch_w4a16(kernel_for: Callable[[bool, int], nvrtc.Kernel], x2d: torch.Tensor, qweight: torch.Tensor,
                  scales: torch.Tensor, zeros: torch.Tensor, bias: torch.Tensor | None,
                  grid: tuple[int, int, int] | Callable[[nvrtc.Kernel], tuple[int, int, int]], extra: list[int | bytes],
-                 tiles: int, threads: int, shared_bytes: int = 0, workspace: int = 0) -> torch.Tensor:
+                 tiles: int, threads: int, shared_bytes: int = 0, workspace: int = 0,
+                 workspace_kind: str = "zeroed") -> torch.Tensor:
     """One launch of a W4A16 CUDA kernel (the three share the parameters x, qweight, scales, zeros, bias, out, split-K
     workspace and counters, M, N, K, then their own `extra` (ints, or bytes such as a tensor map), then has_bias);
     `kernel_for(pdl, device)` builds or fetches it, `grid` may depend on it. `tiles`: the split-K counters the launch
@@ -206,7 +207,7 @@ def launch_w4a16(kernel_for: Callable[[bool, int], nvrtc.Kernel], x2d: torch.Ten
     m, k = x2d.shape
     n = qweight.shape[1]
     out = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
-    ws, cnt = SplitKWorkspace.get(x2d.device, workspace or m * n, tiles) if tiles else (out, out)
+    ws, cnt = SplitKWorkspace.get(x2d.device, workspace or m * n, tiles, workspace_kind) if tiles else (out, out)
     pdl = pdl_enabled(x2d.device)
     device = x2d.device.index if x2d.device.index is not None else torch.cuda.current_device()
     kernel = kernel_for(pdl, device)

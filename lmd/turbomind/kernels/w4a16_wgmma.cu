@@ -233,6 +233,7 @@ __device__ __forceinline__ void add_partial(float (*d)[BT / 2], const float* slo
         }
 }
 
+// x itself is unread (the copies read it through x_map): it stays for launch_w4a16's signature, shared by three kernels
 extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM)
 w4a16_wgmma(const u16* __restrict__ x, const u32* __restrict__ qw, const u16* __restrict__ scales,
             const u16* __restrict__ zeros, const u16* __restrict__ bias, u16* __restrict__ out,
@@ -249,13 +250,13 @@ w4a16_wgmma(const u16* __restrict__ x, const u32* __restrict__ qw, const u16* __
     const long long it0 = blockIdx.x * total / gridDim.x;
     const int count = (int)((blockIdx.x + 1) * total / gridDim.x - it0);
     const u32 base = smem_address(smem), full = smem_address(barriers), empty = full + 8 * STAGES;
-    const u32 ready = RS ? full : empty + 8 * STAGES;
+    const u32 dequantized = empty + 8 * STAGES, ready = RS ? full : dequantized;
     if (threadIdx.x == 0) {
         if (base & 1023) __trap();  // the swizzle atoms of x must be 1024-aligned (the extern's __align__)
         for (int s = 0; s < STAGES; ++s) {
             barrier_init(full + 8 * s, 1);
             barrier_init(empty + 8 * s, 2);
-            barrier_init(empty + 8 * STAGES + 8 * s, 1);
+            if (!RS) barrier_init(dequantized + 8 * s, 1);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }

@@ -6,14 +6,17 @@ From a few hundred rows on a W4A16 GEMM is bound by the tensor cores, and on Hop
 front of them. A CTA of 384 threads works on output tiles of BN channels (128 or 256) by BT token rows (64, 128
 or 256), in k tiles of 64 through STAGES shared-memory stages:
 
-    warpgroup 0 (producer)   cp.async: packed words [8][BN], scales and zeros, x [BT][64] (rows past M zero-filled),
-                             PREFETCH = STAGES - 2 tiles ahead; then dequantizes tile i's words into the stage's
-                             A tile ((v - offset) C s + z, the other kernels' bits and rounding; 8 halves in k order
-                             per word), fences the async proxy and arrives on full[i % STAGES]
-    warpgroups 1, 2          wait full[s]; 4 k16 steps of wgmma m64nBTk16 per 64-channel slice (A and x both from
-    (consumers)              shared memory); commit; once tile i - 1's group is done, arrive on empty[(i-1) % S]
+    warpgroup 0 (producer)   thread 0, PREFETCH tiles ahead (STAGES - 1 under RS, else STAGES - 2): arrive.expect_tx
+                             of the stage's bytes on full[s], then TMA copies of the packed words [8][BN], scales and
+                             zeros (bulk) and x [BT][64] (a tensor-map box, rows past M as zeros). SS only: the
+                             warpgroup then waits full[i % STAGES], dequantizes tile i's words into the stage's A
+                             tile ((v - offset) C s + z, the other kernels' bits and rounding; 8 halves in k order per
+                             word), fences the async proxy and arrives on ready[i % STAGES]
+    warpgroups 1, 2          wait ready[s] (full[s] under RS, which decodes its A fragments itself); 4 k16 steps of
+    (consumers)              wgmma m64nBTk16 per 64-channel slice; commit; once tile i - 1's group is done, arrive
+                             on empty[(i-1) % S]
 
-The producer refills a stage only after empty says both consumers' reads of its previous tile are over, and
+The producer refills a stage only after empty says both consumers' reads of its previous tile are over; SS
 dequantizes tile i while the consumers' wgmma of tile i - 1 runs. Work is scheduled stream-K: the grid's G CTAs split
 the tile-major sequence of (output tile, k tile) iterations evenly, so no wave is ragged however the tiles fall on the
 SMs (the N = 4096 shapes, or 172 tiles on 132 SMs); the pipeline runs on across tile boundaries. A tile one CTA covers
@@ -36,8 +39,8 @@ setmaxnreg gives the consumers most of the registers.
 
 The PyTorch twin is the mma.sync GEMM's (`mma_gemm_reference`: the same decode and dequant rounding); CI runs a
 lane-level emulation (tests/turbomind/kernels/wgmma_lanes.py: copies, decode and stores at their shared addresses,
-the descriptors read through the canonical layout, the register layout of D, the stream-K segments and the
-workspace left clean), runs its barrier protocol as a model under random schedules
+the descriptors read through the canonical and swizzled layouts, the register layout of D, the stream-K segments,
+the partial slots and the counters left at zero), runs its barrier protocol as a model under random schedules
 (test_wgmma_pipeline_protocol.py) and compiles it for sm_90a.
 """
 
@@ -67,7 +70,7 @@ MAX_ACCUMULATORS = 128  # fp32 accumulators a consumer thread holds (BN / 128 sl
 class WgmmaConfig:
     block_n: int = 128  # output channels of a CTA: 128 or 256 (64-channel slices, half to each consumer)
     block_t: int = 128  # token rows of a CTA: 64, 128 or 256 (the wgmma's n)
-    stages: int = 4  # shared-memory stages (3-8): PREFETCH = stages - 2 tiles of copies in flight
+    stages: int = 4  # shared-memory stages (3-8): stages - 1 (RS) or - 2 tiles of copies in flight
     split: int = 1  # CTAs a tile (1, 2, ...) or 0: stream-K over as many CTAs as the SMs hold at once
     word_decode: bool = True  # fp16: one shift per packed word (bf16 always per pair); RS has its own decode
     rs: bool = False  # A from registers: the consumers dequantize their fragments, no A tile in shared memory
@@ -246,14 +249,17 @@ def launch_with(kernel_for: Callable[[bool, int], nvrtc.Kernel], x2d: torch.Tens
     def grid(kernel: nvrtc.Kernel) -> tuple[int, int, int]:
         resident = sms * max(1, nvrtc.max_active_blocks(kernel, THREADS, shared_bytes(cfg, group)))
         ctas = grid_size(cfg, m, n, k, resident)
-        assert ctas <= most, "more CTAs than partial slots"
+        if ctas > most:  # the launch bounds cap residency: cannot happen while they say 1 or 2 CTAs an SM
+            raise RuntimeError(f"wgmma {cfg.name()}: {ctas} CTAs but partial slots for {most}")
         return ctas, 1, 1
 
-    # shared tiles (split != 1): a counter a tile, and two partial slots of block_t x block_n floats a CTA (the .cu)
+    # shared tiles (split != 1): a counter a tile, and two partial slots of block_t x block_n floats a CTA (the .cu;
+    # 2 split M N floats for a fixed split, which the tuner does not offer), in the workspace of their own kind:
+    # they are left as written, which the atomically-adding kernels' zeroed workspace must never be
     shared = cfg.split != 1
     return launch_w4a16(kernel_for, x2d, qweight, scales, zeros, bias, grid, [x_tensor_map(x2d, cfg)],
                         tiles if shared else 0, THREADS, shared_bytes(cfg, group),
-                        2 * most * cfg.block_t * cfg.block_n if shared else 0)
+                        2 * most * cfg.block_t * cfg.block_n if shared else 0, workspace_kind="partials")
 
 
 def x_tensor_map(x2d: torch.Tensor, cfg: WgmmaConfig) -> bytes:

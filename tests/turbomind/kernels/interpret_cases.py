@@ -110,7 +110,8 @@ def main() -> None:
     results["dequant-kernel"] = (dequantize_triton(qw, s, z, torch.float16).float()
                                  - dequantize(qw, s, z).float()).abs().max().item()
     results["workspace_clean"] = all(bool((ws == 0).all()) and bool((cnt == 0).all())
-                                     for ws, cnt in SplitKWorkspace._buffers.values())
+                                     for (_, _, kind), (ws, cnt) in SplitKWorkspace._buffers.items()
+                                     if kind == "zeroed")
     json.dump(results, sys.stdout)
 
 

@@ -1,6 +1,7 @@
-"""nvrtc's tensor maps and struct arguments against a recording stand-in for the CUDA driver (no GPU here): the
-encoding call gets the tensor's dimensions innermost first, its row pitch in bytes, the box, the 128-byte swizzle and
-zero fill; what a TMA box cannot take is refused before the driver is asked; bytes pass by value to a launch."""
+"""nvrtc's tensor maps and struct arguments against a recording stand-in for the CUDA driver (no GPU here): the encoding
+call gets the tensor's dimensions innermost first, its row pitch in bytes, the box, the 128-byte swizzle and L2
+promotion by 256 bytes and zero fill; what a TMA box cannot take is refused before the driver is asked; bytes pass by
+value to a launch."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ class FakeDriver:
     def cuTensorMapEncodeTiled(self, out, dtype, rank, address, dims, strides, box, element_strides, interleave,  # noqa: N802
                                swizzle, promotion, fill) -> int:
         self.calls.append((dtype, rank, address.value, list(dims), [strides[0]], list(box), list(element_strides),
-                           interleave, swizzle, fill))
+                           interleave, swizzle, promotion, fill))
         ctypes.memset(out, 0xAB, nvrtc.TENSOR_MAP_BYTES)
         return 0
 
@@ -37,7 +38,7 @@ def test_the_encoding_call(driver, dtype, code) -> None:
     encoded = nvrtc.tensor_map_2d(x, 128, 64)
     assert encoded == b"\xab" * 128
     (got,) = driver.calls
-    assert got == (code, 2, x.data_ptr(), [4096, 100], [8192], [64, 128], [1, 1], 0, 3, 0)
+    assert got == (code, 2, x.data_ptr(), [4096, 100], [8192], [64, 128], [1, 1], 0, 3, 3, 0)
 
 
 def test_a_row_slice_keeps_its_pitch(driver) -> None:

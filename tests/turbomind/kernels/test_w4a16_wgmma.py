@@ -37,7 +37,7 @@ CASES = [  # (n, k, group, m, config, resident CTAs): both channel blocks, token
 def test_lane_emulation_of_the_kernel_matches_the_reference(dtype, case) -> None:
     n, k, group, m, cfg, resident = case
     qweight, scales, zeros, x, bias, ref = lane_case(n, k, group, m, dtype)
-    # asserts every output written once and the split-K workspace clean at the end
+    # asserts every output written once, each stage's bytes as STAGE_TX says and the counters reset at the end
     y, conflicts = wgmma_lanes.run(x, qweight, scales, zeros, bias, cfg, resident)
     assert y.shape == (m, n) and y.dtype == dtype
     assert row_errors(y, ref).max() < ROW_LIMIT[dtype]
@@ -100,7 +100,8 @@ def test_the_emulation_reads_the_layout_the_source_uses() -> None:
                  "bulk_copy(stage + RAW_OFFSET + r * BN * 4, qw + (u64)(kt * 8 + r) * N + n0, BN * 4, barrier)",
                  "(u64)((kt * BK + r * 32) / GROUP) * N + n0", "SC_OFFSET + SC_BYTES + r * BN * 2",
                  "#define STAGE_TX (BT * BK * 2 + 8 * BN * 4 + 2 * SC_BYTES)",
-                 "barrier_wait(ready + 8 * s, (i / STAGES) & 1)", "const u32 ready = RS ? full : empty + 8 * STAGES;",
+                 "barrier_wait(ready + 8 * s, (i / STAGES) & 1)",
+                 "const u32 dequantized = empty + 8 * STAGES, ready = RS ? full : dequantized;",
                  "(slice0 + e) * 8 * CORE_SBO + kk * 2 * CORE_LBO", "swizzled_descriptor(stage + X_OFFSET + kk * 32)",
                  "prmt(p04, p15, 0x5410)", "prmt(p26, p37, 0x7632)", "(r / 4) % SROWS",
                  "(((it + 1) * gridDim.x - 1) / total)", "first_kt != 0 || last_kt != KT - 1",
@@ -187,6 +188,28 @@ def test_the_dispatcher_offers_it_on_sm90_rs_from_256_rows_by_default_and_all_wi
     assert offered(256) == [c for c in kernel.tuner_configs(256, 4096, 4096, 128) if c.rs] and offered(4096)
     monkeypatch.setattr(w4a16_mma_gemv, "cuda_kernels", lambda device: "all")
     assert offered(256) == kernel.tuner_configs(256, 4096, 4096, 128) and offered(64)
+
+
+def test_partial_slots_have_a_workspace_of_their_own(monkeypatch) -> None:
+    """The wgmma GEMM leaves its partial slots as written; the kernels that add atomically need theirs all-zero, so
+    the two never share a buffer (the slots in the zeroed one would corrupt the next split-K launch)."""
+    from types import SimpleNamespace
+
+    from lmd.turbomind.kernels.w4a16_epilogue import SplitKWorkspace
+
+    cpu = torch.device("cpu")
+    assert SplitKWorkspace.get(cpu, 16, 1)[0].data_ptr() != SplitKWorkspace.get(cpu, 16, 1, "partials")[0].data_ptr()
+    seen: dict = {}
+    monkeypatch.setattr(kernel, "launch_w4a16", lambda *args, **kwargs: seen.update(kwargs, args=args))
+    monkeypatch.setattr(kernel.torch.cuda, "get_device_properties", lambda device: SimpleNamespace(
+        multi_processor_count=132))
+    monkeypatch.setattr(kernel, "x_tensor_map", lambda x, cfg: b"")
+    qweight, scales, zeros = engine_weights(256, 256, 128, torch.float16)
+    x = torch.randn(256, 256, dtype=torch.float16)
+    kernel.launch_with(None, x, qweight, scales, zeros, None, WgmmaConfig(128, 128, 4, 0, rs=True))
+    assert seen["workspace_kind"] == "partials"
+    tiles, total = kernel.iterations(WgmmaConfig(128, 128, 4, 0, rs=True), 256, 256, 256)
+    assert seen["args"][8] == tiles and seen["args"][11] == 2 * min(total, 132) * 128 * 128  # counters, slots
 
 
 def test_reference_and_emulation_agree_on_a_tile_of_zeros_past_m() -> None:

@@ -5,7 +5,9 @@ completed phases has the other parity), and wgmma reads that stay in flight unti
 
 Checked for every schedule: no deadlock; the producer never writes a stage (copies or its dequantized A tile) while
 a consumer's wgmma group may still read it; a consumer's wgmma reads the stage of the iteration it computes, fully
-written. The waits and arrivals use the source's own formulas (quoted beside them), so a change there that breaks
+written. A stage's landing is one arrival here: the transaction bytes are the lane emulation's to check
+(`wgmma_lanes`: STAGE_TX), and so are the partial slots and counters of shared tiles. The waits and arrivals use
+the source's own formulas (quoted beside them), so a change there that breaks
 the protocol breaks this test; `test_w4a16_wgmma` checks that the source still says them."""
 
 from __future__ import annotations

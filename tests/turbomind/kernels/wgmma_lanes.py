@@ -7,18 +7,28 @@ the mbarriers allow, the decode and dequant of every word with the GEMV emulatio
 store at the core-matrix address, the matrix descriptors as the source builds them read back through wgmma's canonical
 K-major layouts (A without swizzle: core matrix (row / 8, k / 8) at start + (row / 8) SBO + (k / 8) LBO, rows of 16
 bytes; x in the 128-byte swizzle: rows of 128 bytes, SBO between 8-row atoms, address bits 4-6 XORed with bits 7-9),
-the accumulator registers of wgmma's D layout (each warp 16 rows as m16n8 C fragments along n), the staged output tile
-and its 16-byte rows, and the split-K workspace. What the hardware does with the same text is the GPU probe's job
-(`benchmarks/w4a16_mma_probe.py`).
+the accumulator registers of wgmma's D layout (each warp 16 rows as m16n8 C fragments along n), the stores of a whole
+tile, and the partial slots and counters of shared tiles (the CTAs run in a shuffled order, so that any contributor
+may be the last). Each stage's copies land exactly the bytes the source's STAGE_TX announces. What the hardware does
+with the same text is the GPU probe's job (`benchmarks/w4a16_mma_probe.py`).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
 
-from lmd.turbomind.kernels.w4a16_wgmma import BLOCK_K, WgmmaConfig, grid_size, iterations, shared_bytes, stage_layout
+from lmd.turbomind.kernels.w4a16_wgmma import (
+    BLOCK_K,
+    SOURCE,
+    WgmmaConfig,
+    grid_size,
+    iterations,
+    shared_bytes,
+    stage_layout,
+)
 from tests.turbomind.kernels.mma_gemv_lanes import _bits, _halves, as_words, decode_constants, dequant, prmt, unit_pair
 from tests.turbomind.kernels.shared_memory_model import SharedMemory
 
@@ -76,8 +86,8 @@ def read_operand(smem: SharedMemory, desc: int, rows: int, dtype: torch.dtype) -
 def run(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
         bias: torch.Tensor | None, cfg: WgmmaConfig, resident: int = 132) -> tuple[torch.Tensor, int]:
     """(what the kernel writes for x [M, K] fp16/bf16, as `wgmma_gemm` launches it on a GPU that holds `resident`
-    CTAs at once; the bank conflicts met). Checks on the way that every output is written once and that the split-K
-    workspace and counters are all-zero again at the end."""
+    CTAs at once; the bank conflicts met). Checks on the way that every output is written once and that the tiles'
+    counters are all-zero again at the end."""
     rows, k = x.shape
     n = qweight.shape[1]
     tiles, total = iterations(cfg, rows, n, k)
@@ -87,7 +97,7 @@ def run(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: tor
                     torch.full((2 * ctas, cfg.block_t * cfg.block_n), float("nan")),
                     torch.zeros(tiles, dtype=torch.int64))
     conflicts = 0
-    for c in range(ctas):
+    for c in torch.randperm(ctas, generator=torch.Generator().manual_seed(total)).tolist():  # any order the GPU runs
         it0 = c * total // ctas
         conflicts += _cta(x, qweight, scales, zeros, bias, cfg, c, it0, (c + 1) * total // ctas - it0, ctas, total,
                           state)
@@ -101,7 +111,7 @@ class Outputs:
     out: torch.Tensor
     writes: torch.Tensor  # times each output element was written
     ws: torch.Tensor  # partial slots, two a CTA: block_t x block_n fp32 each, in register order
-    counters: torch.Tensor  # one a slot
+    counters: torch.Tensor  # one a tile
 
 
 def _cta(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
@@ -142,27 +152,37 @@ def _cta(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: to
     def from_slot_order(slot: torch.Tensor, shape: torch.Size) -> torch.Tensor:
         return slot.reshape(-1, 256, 4).permute(1, 0, 2).reshape(shape)
 
-    def copy_weights(base: int, n0: int, kt: int) -> None:
-        """copy_weights(): one bulk copy a row of words, scales and zeros (16-byte pieces here, no bank traffic)."""
+    tx_text = re.search(r"#define STAGE_TX \((.*)\)", SOURCE)
+    assert tx_text, "w4a16_wgmma.cu no longer defines STAGE_TX"
+    stage_tx = eval(tx_text.group(1), {"BT": bt, "BK": BLOCK_K, "BN": bn, "SC_BYTES": sc_bytes})  # noqa: S307
+
+    def copy_weights(base: int, n0: int, kt: int) -> int:
+        """copy_weights(): one bulk copy a row of words, scales and zeros (16-byte pieces here, no bank traffic);
+        returns the bytes landed."""
+        landed = 0
         for r in range(8):
             chunks = torch.arange(bn // 4)
             words = q_words[kt * 8 + r, (n0 + 4 * chunks)[:, None] + quads]
             smem.copy16(base + raw_offset + r * bn * 4 + chunks * 16, words, torch.ones_like(chunks, dtype=bool))
+            landed += 16 * len(chunks)
         for r in range(scale_rows):
             row = (kt * BLOCK_K + r * 32) // group
             chunks = torch.arange(bn // 8)
             for which, words in enumerate((s_words, z_words)):
+                landed += 16 * len(chunks)
                 smem.copy16(base + sc_offset + which * sc_bytes + r * bn * 2 + chunks * 16,
                             words[row, ((n0 + 8 * chunks) // 2)[:, None] + quads], torch.ones_like(chunks, dtype=bool))
+        return landed
 
-    def copy_x(base: int, m0: int, m_rows: int, kt: int) -> None:
+    def copy_x(base: int, m0: int, m_rows: int, kt: int) -> int:
         """tensor_copy() of x_map's box at (k 64 kt, row m0): bt rows of 64 k in the 128-byte swizzle, rows past M
-        as zeros."""
+        as zeros; returns the bytes landed (the whole box: rows past M count)."""
         i = torch.arange(bt * 8)
         m, c = i >> 3, i & 7
         valid = m < m_rows
         src = x_words[m0 + torch.where(valid, m, 0)[:, None], ((kt * BLOCK_K + c * 8) // 2)[:, None] + quads]
         smem.copy16(base + x_at + x_offset(m, c), src, valid)
+        return 16 * len(i)
 
     def dequant_stage(base: int) -> None:
         for e in range(slices):
@@ -208,12 +228,13 @@ def _cta(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: to
             a[rows, cols + 1] = halves[:, 1]
         return a
 
+    landed = []
     for j in range(min(prefetch, count)):  # the prologue: weights, then (after the PDL wait) x
         _, kt, _, _, n0 = work_at(it0 + j)
-        copy_weights(j * stage, n0, kt)
+        landed.append(copy_weights(j * stage, n0, kt))
     for j in range(min(prefetch, count)):
         _, kt, m0, m_rows, _ = work_at(it0 + j)
-        copy_x(j * stage, m0, m_rows, kt)
+        assert landed[j] + copy_x(j * stage, m0, m_rows, kt) == stage_tx
     d = torch.full((2, slices, 64, bt), float("nan"))  # consumer warpgroup, slice: D [channels, tokens]; never zeroed
     lane = P % 32
     w4, g, t = P // 32, lane >> 2, lane & 3
@@ -225,8 +246,8 @@ def _cta(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: to
             j = i + prefetch
             if j < count:  # the producer, ahead: the stage of iteration j - stages, consumed already
                 _, kt, jm0, jm_rows, jn0 = work_at(it0 + j)
-                copy_weights((j % stages) * stage, jn0, kt)
-                copy_x((j % stages) * stage, jm0, jm_rows, kt)
+                landed_j = copy_weights((j % stages) * stage, jn0, kt)
+                assert landed_j + copy_x((j % stages) * stage, jm0, jm_rows, kt) == stage_tx
             base = (i % stages) * stage
             if not cfg.rs:
                 dequant_stage(base)
