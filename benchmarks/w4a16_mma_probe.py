@@ -56,7 +56,8 @@ GEMM_CHECKS = (MmaGemmConfig(2, 1, 16, 3, 1), MmaGemmConfig(2, 2, 32, 4, 4), Mma
 WGMMA_CHECKS = (WgmmaConfig(128, 64, 3), WgmmaConfig(128, 128, 4, 2), WgmmaConfig(256, 128, 3, 0),
                 WgmmaConfig(128, 256, 4, 1, False), WgmmaConfig(256, 64, 3, 3), WgmmaConfig(128, 64, 6, 0),
                 WgmmaConfig(128, 128, 6, 0, rs=True), WgmmaConfig(256, 128, 4, 1, rs=True),
-                WgmmaConfig(128, 64, 6, 2, rs=True))
+                WgmmaConfig(128, 64, 6, 2, rs=True), WgmmaConfig(128, 256, 6, 0, rs=True, depth=3),
+                WgmmaConfig(256, 128, 6, 1, rs=True, depth=3))
 SHAPES_CHECKED = ((256, 1024, 128), (128, 512, 64), (256, 768, 32), (4096, 4096, 128), (512, 11008, 128))
 HANG_S = 150  # seconds without a progress line after which the probe ends itself (`watchdog`)
 STARTED = time.time()
@@ -110,7 +111,8 @@ FAMILIES = {
                    (MmaGemmConfig(2, 1, 16, 3, 4), MmaGemmConfig(2, 2, 32, 3, 1)), 37),
     "wgmma": Family(wgmma_gemm, mma_gemm_reference, SHAPES_CHECKED, (64, 100, 128, 256, 300, 1024),
                     lambda m: WGMMA_CHECKS,
-                    (WgmmaConfig(128, 64, 4, 0), WgmmaConfig(128, 128, 4, 3), WgmmaConfig(128, 128, 6, 0, rs=True)),
+                    (WgmmaConfig(128, 64, 4, 0), WgmmaConfig(128, 128, 4, 3), WgmmaConfig(128, 128, 6, 0, rs=True),
+                     WgmmaConfig(128, 256, 6, 0, rs=True, depth=3)),
                     77),
 }
 
@@ -166,7 +168,8 @@ def wgmma_configs(m: int, n: int, k: int) -> list[WgmmaConfig]:
     """The tuner's configs for M's bucket (one CTA a tile and stream-K), and 2 or 3 CTAs a tile."""
     bucket = min(1 << max(m - 1, 0).bit_length(), 4096)
     tuned = wgmma_tuner_configs(bucket, n, k, 128)
-    more = [WgmmaConfig(c.block_n, c.block_t, c.stages, split, rs=c.rs) for c in tuned for split in (2, 3)]
+    more = [WgmmaConfig(c.block_n, c.block_t, c.stages, split, rs=c.rs, depth=c.depth) for c in tuned
+            for split in (2, 3)]
     return list(dict.fromkeys(tuned + more))
 
 

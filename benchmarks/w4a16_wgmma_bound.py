@@ -41,14 +41,14 @@ from lmd.turbomind.kernels.w4a16 import output_is_wrong, random_weight  # noqa: 
 from lmd.turbomind.kernels.w4a16_layout import w4a16_matmul_reference  # noqa: E402
 
 GROUP = 128
-RS_DECODE = "a[kk & 1][e][r] = natural_pair(q, pair_select, cs2[e][r & 1], z2[e][r & 1]);"
+RS_DECODE = "a[kk % SETS][e][r] = natural_pair(q, pair_select, cs2[e][r & 1], z2[e][r & 1]);"
 RS_LOAD = "const u32 q = lds32(stage + RAW_OFFSET + (2 * kk + (r >> 1)) * BN * 4 + (n + 8 * (r & 1)) * 4);"
 SS_DECODE = "dequant_stage(base + s * STAGE_BYTES, scale_c2, one, sixteen, offset_a);"
 PATCHES = {
     "rs": (), "ss": (),
-    "rs-nodec": ((RS_DECODE, "a[kk & 1][e][r] = q;"),),
+    "rs-nodec": ((RS_DECODE, "a[kk % SETS][e][r] = q;"),),
     "rs-noload": ((RS_LOAD, "const u32 q = (u32)(n * 16 + kk * 4 + r) * 0x01010101u;"),),
-    "rs-bare": ((RS_DECODE, "a[kk & 1][e][r] = q;"), (RS_LOAD, "const u32 q = (u32)(n * 16 + kk * 4 + r);")),
+    "rs-bare": ((RS_DECODE, "a[kk % SETS][e][r] = q;"), (RS_LOAD, "const u32 q = (u32)(n * 16 + kk * 4 + r);")),
     "ss-nodec": ((SS_DECODE, "(void)scale_c2;"),),
 }
 

@@ -326,6 +326,12 @@ w4a16_wgmma(const u16* __restrict__ x, const u32* __restrict__ qw, const u16* __
     const u32 pair_select = t | (t << 4) | ((4 + t) << 8) | ((4 + t) << 12);  // natural_pair's PRMT: byte t, twice
 #endif
     float d[SLICES][BT / 2];
+#if RS
+    // A fragments, one register set a k16 step in flight: RS_DEPTH steps' groups may still read theirs when the next
+    // set is written (a step's set is k16 step kk's, kk % SETS, the same in every k tile)
+#define SETS (RS_DEPTH + 1)
+    u32 a[SETS][SLICES][4];
+#endif
     // the accumulators are touched by wgmma alone inside a segment (its first MMA overwrites them: scale-d 0), so
     // that ptxas keeps one group in flight; the epilogue reads them after the segment's last wait
     bool previous_released = true;  // iteration i - 1's stage handed back to the producer (none before i = 0)
@@ -337,9 +343,9 @@ w4a16_wgmma(const u16* __restrict__ x, const u32* __restrict__ qw, const u16* __
             const u32 stage = base + s * STAGE_BYTES;
             barrier_wait(ready + 8 * s, (i / STAGES) & 1);
 #if RS
-            // A from registers: every k16 step's fragments decoded by this warp from the stage's raw words, into
-            // one of two register sets (the wgmma of the step before may still read the other)
-            u32 cs2[SLICES][2], z2[SLICES][2], a[2][SLICES][4];
+            // A from registers: every k16 step's fragments decoded by this warp from the stage's raw words, into the
+            // set of its step; its group is one wgmma a slice, and RS_DEPTH of them stay in flight
+            u32 cs2[SLICES][2], z2[SLICES][2];
 #pragma unroll
             for (int kk = 0; kk < BK / 16; ++kk) {
 #pragma unroll
@@ -358,7 +364,7 @@ w4a16_wgmma(const u16* __restrict__ x, const u32* __restrict__ qw, const u16* __
 #pragma unroll
                     for (int r = 0; r < 4; ++r) {
                         const u32 q = lds32(stage + RAW_OFFSET + (2 * kk + (r >> 1)) * BN * 4 + (n + 8 * (r & 1)) * 4);
-                        a[kk & 1][e][r] = natural_pair(q, pair_select, cs2[e][r & 1], z2[e][r & 1]);
+                        a[kk % SETS][e][r] = natural_pair(q, pair_select, cs2[e][r & 1], z2[e][r & 1]);
                     }
                 }
 #pragma unroll
@@ -366,13 +372,15 @@ w4a16_wgmma(const u16* __restrict__ x, const u32* __restrict__ qw, const u16* __
                 wgmma_fence();
 #pragma unroll
                 for (int e = 0; e < SLICES; ++e)
-                    wgmma_tile_rs(d[e], a[kk & 1][e], swizzled_descriptor(stage + X_OFFSET + kk * 32),
+                    wgmma_tile_rs(d[e], a[kk % SETS][e], swizzled_descriptor(stage + X_OFFSET + kk * 32),
                                   step > 0 || kk > 0);
                 wgmma_commit();
-                wgmma_wait<1>();  // the step before is done: its registers, and at kk 0 the previous stage, are free
+                // the step RS_DEPTH back is done: its set is free, and from kk = RS_DEPTH - 1 on every step of the
+                // previous k tile, so its stage goes back
+                wgmma_wait<RS_DEPTH>();
 #pragma unroll
                 for (int e = 0; e < SLICES; ++e) fence_operands(d[e]);
-                if (kk == 0) {
+                if (kk == RS_DEPTH - 1) {
                     if (!previous_released && threadIdx.x % 128 == 0)
                         barrier_arrive(empty + 8 * ((i - 1) % STAGES));
                     previous_released = false;

@@ -74,18 +74,20 @@ class WgmmaConfig:
     split: int = 1  # CTAs a tile (1, 2, ...) or 0: stream-K over as many CTAs as the SMs hold at once
     word_decode: bool = True  # fp16: one shift per packed word (bf16 always per pair); RS has its own decode
     rs: bool = False  # A from registers: the consumers dequantize their fragments, no A tile in shared memory
+    depth: int = 1  # RS: k16 steps' wgmma groups a consumer keeps in flight (1 or 3; register sets: depth + 1)
 
     def __post_init__(self) -> None:
         if (self.block_n not in (128, 256) or self.block_t not in (64, 128, 256) or not 3 <= self.stages <= 8
                 or self.split < 0 or self.block_n // 128 * self.block_t // 2 > MAX_ACCUMULATORS
-                or (self.rs and not self.word_decode)):
+                or (self.rs and not self.word_decode) or self.depth not in (1, 3) or (self.depth > 1 and not self.rs)):
             raise ValueError(f"wgmma config: block_n 128/256, block_t 64/128/256 with at most {MAX_ACCUMULATORS} "
                              f"accumulators a thread, 3-8 stages, split >= 0, no pair decode under RS (it decodes "
-                             f"its own way); got {self}")
+                             f"its own way), depth 1 or 3 (RS only); got {self}")
 
     def name(self) -> str:
         return (f"wgmma n{self.block_n} t{self.block_t} s{self.stages} {f'k{self.split}' if self.split else 'stream'}"
-                f"{'' if self.word_decode else ' pair'}{' rs' if self.rs else ''}")
+                f"{'' if self.word_decode else ' pair'}{' rs' if self.rs else ''}"
+                f"{f' d{self.depth}' if self.depth > 1 else ''}")
 
 
 SWIZZLE_ATOM = 1024  # 8 rows of 128 bytes: the 128-byte swizzle's pattern, which x's tile must start on
@@ -154,7 +156,7 @@ def ctas_per_sm(cfg: WgmmaConfig, group: int) -> int:
 def tuner_configs(bucket: int, n: int, k: int, group: int) -> list[WgmmaConfig]:
     """The configs the tuner times for a bucket of at least MIN_ROWS rows: tiles no taller than the bucket, the
     deepest pipeline that fits (and 4 stages beside 6; 3 for the tile two CTAs an SM can share), one CTA a tile and
-    stream-K; and the RS form of each tile at its deepest pipeline."""
+    stream-K; and the RS form of each tile at its deepest pipeline, keeping 1 or 3 k16 steps in flight."""
     if bucket < MIN_ROWS:
         return []
     out = []
@@ -167,16 +169,17 @@ def tuner_configs(bucket: int, n: int, k: int, group: int) -> list[WgmmaConfig]:
             depths.append(3)
         out += [WgmmaConfig(block_n, block_t, stages, split) for stages in depths for split in (1, 0)]
         rs_fits = [s for s in range(3, 7) if supports(WgmmaConfig(block_n, block_t, s, rs=True), n, k, group)]
-        out += [WgmmaConfig(block_n, block_t, stages, split, rs=True) for stages in rs_fits[-1:] for split in (1, 0)]
+        out += [WgmmaConfig(block_n, block_t, stages, split, rs=True, depth=depth) for stages in rs_fits[-1:]
+                for split in (1, 0) for depth in (1, 3)]
     return out
 
 
 def offered_configs(bucket: int, n: int, k: int, group: int, every: bool) -> list[WgmmaConfig]:
     """What the tuner offers: every config (`LMD_W4A16_CUDA=1`), or by default the RS ones from DEFAULT_MIN_ROWS
     (on an H100 the SS form lost everywhere, and from 256 rows the RS form ties or beats the Triton plans and
-    dequantize+cuBLAS: docs/benchmarks.md, twenty-fifth session)."""
+    dequantize+cuBLAS: docs/benchmarks.md, twenty-fifth session); depth 3 is not yet measured on a GPU."""
     configs = tuner_configs(bucket, n, k, group)
-    return configs if every else [c for c in configs if c.rs and bucket >= DEFAULT_MIN_ROWS]
+    return configs if every else [c for c in configs if c.rs and c.depth == 1 and bucket >= DEFAULT_MIN_ROWS]
 
 
 SOURCE = Path(__file__).with_suffix(".cu").read_text()
@@ -209,7 +212,8 @@ def wgmma_tile_source(dtype: torch.dtype, block_t: int, rs: bool) -> str:
 def kernel_source(dtype: torch.dtype, group: int, cfg: WgmmaConfig, pdl: bool = False) -> str:
     defines = {"BF16": int(dtype == torch.bfloat16), "WORD_DECODE": int(cfg.word_decode and dtype == torch.float16),
                "BN": cfg.block_n, "BT": cfg.block_t, "STAGES": cfg.stages, "GROUP": group, "PDL": int(pdl),
-               "CTAS_PER_SM": ctas_per_sm(cfg, group), "RS": int(cfg.rs), **stage_layout(cfg, group)}
+               "CTAS_PER_SM": ctas_per_sm(cfg, group), "RS": int(cfg.rs), "RS_DEPTH": cfg.depth,
+               **stage_layout(cfg, group)}
     return ("".join(f"#define {k} {v}\n" for k, v in defines.items()) + FRAGMENT + PIPELINE
             + wgmma_tile_source(dtype, cfg.block_t, cfg.rs) + SOURCE)
 

@@ -118,7 +118,8 @@ def test_the_emulation_reads_the_layout_the_source_uses() -> None:
                  "#define PREFETCH (RS ? STAGES - 1 : STAGES - 2)", "t | (t << 4) | ((4 + t) << 8) | ((4 + t) << 12)",
                  "#define MAGIC2 0x43004300u", "#define MAGIC2 0x64006400u", "prmt(q, q >> 4, select)",
                  "(2 * kk + (r >> 1)) * BN * 4 + (n + 8 * (r & 1)) * 4", "(kk / 2) % SROWS * BN * 2 + n * 2",
-                 "lds16(at + 16 * h)", "a[kk & 1][e][r]"):
+                 "lds16(at + 16 * h)", "a[kk % SETS][e][r]",
+                 "wgmma_wait<RS_DEPTH>();", "if (kk == RS_DEPTH - 1) {", "#define SETS (RS_DEPTH + 1)"):
         assert text in kernel.SOURCE, text
 
 
@@ -143,7 +144,7 @@ def test_wrapper_and_config_reject_what_the_kernel_cannot_take() -> None:
     with pytest.raises(ValueError, match="CUDA tensors"):
         wgmma_gemm(torch.randn(64, 256, dtype=torch.float16), qweight, scales, zeros, None, WgmmaConfig())
     for bad in ({"block_n": 64}, {"block_t": 32}, {"block_n": 256, "block_t": 256}, {"stages": 2}, {"split": -1},
-                {"rs": True, "word_decode": False}):
+                {"rs": True, "word_decode": False}, {"depth": 3}, {"rs": True, "depth": 2}):
         with pytest.raises(ValueError, match="wgmma config"):
             WgmmaConfig(**bad)
     assert not kernel.supports(WgmmaConfig(256, 128, 4), 4096, 4096, 128)  # 4 stages of 58 KiB: too much
@@ -185,7 +186,8 @@ def test_the_dispatcher_offers_it_on_sm90_rs_from_256_rows_by_default_and_all_wi
     assert not offered(256)
     monkeypatch.setattr(w4a16_mma_gemv, "cuda_kernels", lambda device: "default")
     assert not offered(128)
-    assert offered(256) == [c for c in kernel.tuner_configs(256, 4096, 4096, 128) if c.rs] and offered(4096)
+    assert offered(256) == [c for c in kernel.tuner_configs(256, 4096, 4096, 128) if c.rs and c.depth == 1]
+    assert offered(4096) and {c.depth for c in kernel.tuner_configs(256, 4096, 4096, 128) if c.rs} == {1, 3}
     monkeypatch.setattr(w4a16_mma_gemv, "cuda_kernels", lambda device: "all")
     assert offered(256) == kernel.tuner_configs(256, 4096, 4096, 128) and offered(64)
 

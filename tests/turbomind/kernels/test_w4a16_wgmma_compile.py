@@ -23,6 +23,8 @@ SPECIALIZATIONS = [  # (dtype, group, config, pdl): both dtypes, every tile, gro
     (torch.float16, 128, WgmmaConfig(128, 128, 6, 0, rs=True), True),
     (torch.bfloat16, 32, WgmmaConfig(256, 128, 4, 1, rs=True), False),
     (torch.float16, 64, WgmmaConfig(128, 64, 6, 0, rs=True), True),
+    (torch.float16, 128, WgmmaConfig(128, 256, 6, 0, rs=True, depth=3), True),  # 3 k16 steps in flight
+    (torch.bfloat16, 128, WgmmaConfig(256, 128, 6, 1, rs=True, depth=3), False),
 ]
 
 
@@ -38,11 +40,12 @@ def test_specialization_compiles_for_sm90a(offline, spec) -> None:
     assert wgmmas and len(wgmmas) % per_tile == 0
     assert all(bool(re.search(r"HGMMA\S* R\d+, R\d+, gdesc\[", line)) == cfg.rs for line in wgmmas)
     assert all(f"HGMMA.64x{cfg.block_t}x16.F32{'.BF16' if dtype == torch.bfloat16 else ''} " in line for line in wgmmas)
-    # one wgmma group left in flight while a stage is released (ptxas would serialize them, with a wait after each,
-    # if anything but wgmma touched the accumulators inside the k loop), and no local memory in that loop
+    # one wgmma group (RS: `depth` of them) left in flight while a stage is released (ptxas would serialize them,
+    # with a wait after each, if anything but wgmma touched the accumulators inside the k loop), and no local memory
+    # in that loop
     lines = sass.splitlines()
     first = next(i for i, line in enumerate(lines) if "HGMMA." in line)
-    wait = next(i for i, line in enumerate(lines) if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in line)
+    wait = next(i for i, line in enumerate(lines) if f"WARPGROUP.DEPBAR.LE gsb0, 0x{cfg.depth}" in line)
     assert first < wait and not any("STL" in line or "LDL" in line for line in lines[first:wait])
     assert not any("WARPGROUP.DEPBAR.LE gsb0, 0x0" in line for line in lines[first:wait])
     assert "SYNCS.PHASECHK.TRANS64.TRYWAIT" in sass and "SYNCS.ARRIVE.TRANS64" in sass  # the mbarriers

@@ -93,9 +93,13 @@ def tma(stages: list[Stage], full: list[Barrier], in_flight: list[int], rs: bool
 
 
 def consumer(me: int, stages: list[Stage], full: list[Barrier], empty: list[Barrier], segments: list[int],
-             n_stages: int, arrives: bool, groups: int = 1) -> Generator[object, None, None]:
+             n_stages: int, arrives: bool, groups: int = 1, depth: int = 1,
+             release_at: int | None = None) -> Generator[object, None, None]:
     """`groups` wgmma groups an iteration: 1 (A from shared memory: one group of 4 k16 steps) or 4 (RS: a group a
-    k16 step, each after this warpgroup decoded its A fragments from the stage's words)."""
+    k16 step, each after this warpgroup decoded its A fragments from the stage's words), `depth` of them left in
+    flight by each wait (RS_DEPTH); the previous stage goes back after the wait of step depth - 1 (`release_at`
+    overrides it, to check that the model sees a release too early)."""
+    release_at = depth - 1 if release_at is None else release_at
     in_flight: list[int] = []  # iterations of the wgmma groups not yet retired, oldest first
 
     def retire(keep: int) -> None:  # wgmma_wait<keep>
@@ -116,8 +120,8 @@ def consumer(me: int, stages: list[Stage], full: list[Barrier], empty: list[Barr
                 stages[s].readers.add((me, i))
                 in_flight.append(i)
                 yield
-                retire(1)  # wgmma_wait<1>: the group before is done (at the first, iteration i - 1's last)
-                if kk == 0:
+                retire(depth)  # wgmma_wait<RS_DEPTH> (SS: <1>): the group `depth` back is done
+                if kk == release_at:  # every group of iteration i - 1 is done
                     if not previous_released and arrives:
                         empty[(i - 1) % n_stages].arrive()
                     previous_released = False
@@ -130,7 +134,8 @@ def consumer(me: int, stages: list[Stage], full: list[Barrier], empty: list[Barr
         yield
 
 
-def run(n_stages: int, segments: list[int], seed: int, arrives: bool = True, groups: int = 1) -> None:
+def run(n_stages: int, segments: list[int], seed: int, arrives: bool = True, groups: int = 1, depth: int = 1,
+        release_at: int | None = None) -> None:
     """`groups` 4 is RS: consumers wait on full; SS (1) on ready, which the producer arrives on after its decode."""
     count, rs = sum(segments), groups == 4
     rng = random.Random(seed)
@@ -141,8 +146,8 @@ def run(n_stages: int, segments: list[int], seed: int, arrives: bool = True, gro
     # both consumers arrive on empty (one thread of each warpgroup): the empty barriers expect 2
     in_flight: list[int] = []
     actors = [producer(stages, full, ready, empty, count, n_stages, rs, in_flight),
-              consumer(0, stages, ready, empty, segments, n_stages, arrives, groups),
-              consumer(1, stages, ready, empty, segments, n_stages, arrives, groups)]
+              consumer(0, stages, ready, empty, segments, n_stages, arrives, groups, depth, release_at),
+              consumer(1, stages, ready, empty, segments, n_stages, arrives, groups, depth, release_at)]
     landing = tma(stages, full, in_flight, rs, rng)
     live = list(actors)
     stalled = 0
@@ -159,9 +164,9 @@ def run(n_stages: int, segments: list[int], seed: int, arrives: bool = True, gro
     assert not in_flight
 
 
-@pytest.mark.parametrize("groups", [1, 4], ids=["ss", "rs"])
+@pytest.mark.parametrize("groups, depth", [(1, 1), (4, 1), (4, 3)], ids=["ss", "rs", "rs-d3"])
 @pytest.mark.parametrize("n_stages", [3, 4, 6])
-def test_random_schedules_keep_the_protocol(n_stages: int, groups: int) -> None:
+def test_random_schedules_keep_the_protocol(n_stages: int, groups: int, depth: int) -> None:
     rng = random.Random(n_stages)
     for seed in range(150):
         count = rng.randint(1, 3 * n_stages + 5)
@@ -170,7 +175,15 @@ def test_random_schedules_keep_the_protocol(n_stages: int, groups: int) -> None:
         while left:  # stream-K segments: runs of one tile's k tiles, the first and last possibly short
             segments.append(rng.randint(1, left))
             left -= segments[-1]
-        run(n_stages, segments, seed, groups=groups)
+        run(n_stages, segments, seed, groups=groups, depth=depth)
+
+
+def test_the_model_catches_a_release_before_the_deeper_groups_are_done() -> None:
+    """RS with 3 groups in flight that hands the previous stage back after its first step's wait (as depth 1 does)
+    releases it under the previous tile's last groups: caught."""
+    with pytest.raises(AssertionError, match="overwritten under wgmma reads"):
+        for seed in range(100):
+            run(3, [12], seed, groups=4, depth=3, release_at=0)
 
 
 def test_the_model_sees_a_deadlock() -> None:
@@ -182,7 +195,7 @@ def test_the_model_sees_a_deadlock() -> None:
 def test_the_model_catches_a_release_before_the_reads_are_over(monkeypatch) -> None:
     """A consumer that releases a stage while its wgmma may still read it (no wait before the arrive) is caught."""
 
-    def hasty(me, stages, full, empty, segments, n_stages, arrives, groups):
+    def hasty(me, stages, full, empty, segments, n_stages, arrives, groups, depth, release_at):
         i = 0
         for length in segments:
             for _ in range(length):
