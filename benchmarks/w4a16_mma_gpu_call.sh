@@ -20,14 +20,17 @@
 #   wgmma:  what bounds the wgmma GEMM from 256 rows (benchmarks/w4a16_wgmma_bound.py: the kernel as built beside
 #           copies without the decode, the raw-word loads or both, and fp16 cuBLAS), then ncu on the RS and bare
 #           RS kernel at 1024 rows of 12288x4096, with stall samples by SASS line (about 4 minutes).
+#   table:  the plan table lmd ships for this GPU (benchmarks/w4a16_tune.py with the default kernels: about 4-5
+#           minutes on an H100), as $OUT/table/<gpu>.json, to commit under lmd/turbomind/kernels/w4a16_plans/ (then
+#           a first engine start there, `serve` included, does not tune).
 #     bash benchmarks/w4a16_mma_gpu_call.sh probe [flags] | decode [fp16|0|default|1 ...] | serve | steps
-#                                           | layout [flags] | wgmma [flags]
+#                                           | layout [flags] | wgmma [flags] | table
 # Full results in folders under $OUT, one a step or variant; the last lines printed are the tables.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 OUT="${OUT:-$PWD/out}"
-step="${1:?usage: w4a16_mma_gpu_call.sh probe [flags] | decode [variants] | serve | steps | layout [flags] | wgmma [flags]}"
+step="${1:?usage: w4a16_mma_gpu_call.sh probe | decode [variants] | serve | steps | layout | wgmma | table}"
 shift
 case "$step" in
 probe)
@@ -109,8 +112,12 @@ wgmma)
             "$rep.txt" | head -14
     done
     ;;
+table)
+    mkdir -p "$OUT/table"
+    OUT="$OUT/table" python3 benchmarks/w4a16_tune.py 2>&1 | tee "$OUT/table/log.txt" | tail -12
+    ;;
 *)
-    echo "unknown step $step: probe, decode, serve, steps, layout or wgmma" >&2
+    echo "unknown step $step: probe, decode, serve, steps, layout, wgmma or table" >&2
     exit 2
     ;;
 esac
