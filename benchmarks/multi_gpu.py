@@ -18,8 +18,7 @@ prints the tables last, with issue 21's ratios: 13B tp=2 against tp=1 at batch 1
 against 7B tp=1.
 
 The 1000 real-length requests at tp > 1 are `benchmarks/serving_workloads.py --workloads real --no-peer --tp N`;
-data-parallel replicas, one engine a GPU, serve 1000 / N of them each: the same script at --tp 1 with
---num-requests 1000 / N gives one replica's latency and throughput.
+data-parallel replicas, one engine a GPU serving every N-th of them, are `benchmarks/data_parallel.py --replicas N`.
 """
 
 from __future__ import annotations

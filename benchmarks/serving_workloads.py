@@ -613,6 +613,9 @@ def run_model(name: str, spec: ModelSpec, lengths: Lengths, settings: Settings, 
     phases.results["models"][name] = results
     vocab = spec.shape["vocab_size"]
     requests = real_requests(lengths.requests[:args.num_requests], settings, vocab, settings.seed)
+    if args.shard is not None:  # one data-parallel replica's share, as a round-robin balancer deals them
+        index, count = args.shard
+        requests = requests[index::count]
     warmup = warmup_requests(requests, vocab, min(2 * settings.max_batch_size, len(requests)), settings.seed + 1)
     results["requests"] = {"prompt": length_stats([r.prompt_len for r in requests]),
                            "output": length_stats([r.output_len for r in requests])}
@@ -855,6 +858,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tp", type=int, default=1, help="lmd's tensor-parallel ranks, on GPUs 0..N-1 (with --no-peer: "
                    "LMDeploy's run is one GPU)")
+    p.add_argument("--shard", type=parse_shard, metavar="I/N",
+                   help="serve requests I, I + N, ... of the real workload only: replica I of N data-parallel ones "
+                        "(benchmarks/data_parallel.py runs them; lmd alone, with --no-peer)")
     p.add_argument("--lengths", help="token counts written by --prepare (else counted from --data-dir)")
     p.add_argument("--prepare", metavar="FILE", help="count the lengths (data + tokenizer), write FILE, exit")
     p.add_argument("--data-dir", default=os.environ.get("LMD_DATA_DIR", str(REPO.parent / "shared" / "data")))
@@ -898,7 +904,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         raise SystemExit(f"--tp {args.tp}: at least 1")
     if args.tp > 1 and not args.no_peer:
         raise SystemExit(f"--tp {args.tp} measures lmd alone: add --no-peer (LMDeploy's peer run is one GPU)")
+    if args.shard is not None and not args.no_peer:
+        raise SystemExit("--shard measures one lmd replica: add --no-peer")
     return args
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """"I/N" -> (I, N), 0 <= I < N."""
+    try:
+        index, count = (int(v) for v in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: I/N, replica I of N (e.g. 0/2)") from None
+    if not 0 <= index < count:
+        raise argparse.ArgumentTypeError(f"{text!r}: I/N with 0 <= I < N")
+    return index, count
 
 
 def get_lengths(args: argparse.Namespace) -> Lengths:
