@@ -243,7 +243,7 @@ def launch(kernel: Kernel, grid: tuple[int, int, int], block: tuple[int, int, in
 
 
 TENSOR_MAP_BYTES = 128  # sizeof(CUtensorMap)
-_TENSOR_MAP_DTYPES = {torch.float16: 6, torch.bfloat16: 9, torch.int32: 3}  # CUtensorMapDataType
+_TENSOR_MAP_DTYPES = {torch.float16: 6, torch.bfloat16: 9}  # CUtensorMapDataType
 _SWIZZLE_128B, _L2_PROMOTION_256B = 3, 3
 
 

@@ -110,7 +110,7 @@ def cuda_kernels(device: torch.device) -> str:
     - unset: "default", this GEMV for buckets up to DEFAULT_ROWS, where the GPU measured it ahead of the Triton plans
       (1.07-1.9x at 1-8 rows on the Llama-7B shapes, 0.96-1.38x at 16; docs/benchmarks.md, twenty-third session),
       and on sm_90 the RS form of the wgmma GEMM from w4a16_wgmma.DEFAULT_MIN_ROWS (with TMA copies and stream-K it
-      ties or beats the Triton plans there: 1.0-1.29x at 256 rows, 0.94-1.03x dequantize+cuBLAS at 1024;
+      ties or beats the Triton plans there: 0.97-1.29x at 256 rows, 0.94-1.03x dequantize+cuBLAS at 1024;
       twenty-fifth session);
     - "1": "all", also this GEMV up to MAX_ROWS and its staged configs, the mma.sync GEMM and on sm_90 every wgmma
       config from 64 rows. They pass every check on the GPU; the rest are behind the Triton plans, there to be

@@ -3,7 +3,7 @@
 // producer warpgroup dequantizes each k tile into an fp16/bf16 A tile, RS: the two consumer warpgroups decode their
 // A fragments into registers themselves; the consumers run wgmma; stream-K over the CTAs. Design and invariants:
 // w4a16_wgmma.py. Compiled at run time by NVRTC after the defines kernel_source() prepends (BF16, WORD_DECODE, BN,
-// BT, STAGES, GROUP, PDL, CTAS_PER_SM, RS, the stage layout), w4a16_mma_fragment.cuh, cuda_pipeline.cuh and
+// BT, STAGES, GROUP, PDL, CTAS_PER_SM, RS, RS_DEPTH, the stage layout), w4a16_mma_fragment.cuh, cuda_pipeline.cuh and
 // wgmma_tile (the wgmma statement for n = BT); tests/turbomind/kernels/wgmma_lanes.py emulates it,
 // test_wgmma_pipeline_protocol.py models its barriers.
 
