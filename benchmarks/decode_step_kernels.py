@@ -29,6 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine import LLAMA2_7B, SHAPE_KEYS, build_workspace  # noqa: E402
+from kernel_timeline import Timeline, timeline  # noqa: E402
 
 from lmd.turbomind.engine import Engine  # noqa: E402
 from lmd.turbomind.gen_config import GenerationConfig  # noqa: E402
@@ -121,7 +122,11 @@ def kernel_profile(engine: Engine, steps: int, prefill: int) -> tuple[dict[str, 
     return dict(sorted(per_kernel.items(), key=lambda kv: -kv[1])), w4a16_by_linear(list(prof.events()))
 
 
-def graph_step_ms(engine: Engine, steps: int) -> float:
+def graph_step_ms(engine: Engine, steps: int) -> tuple[float, Timeline]:
+    """The whole step by graph replay (CUDA events, `steps` replays), and the kernel timeline of `steps` more replays
+    under torch.profiler (its idle time and gaps per step)."""
+    from torch.profiler import ProfilerActivity, profile
+
     graphs = engine.runner.graphs
     assert graphs is not None, "decode graphs were not captured"
     # each sequence's last computed position again: its block exists (the next one may not be allocated yet)
@@ -136,7 +141,13 @@ def graph_step_ms(engine: Engine, steps: int) -> float:
         graph.replay()
     end.record()
     torch.cuda.synchronize()
-    return start.elapsed_time(end) / steps
+    ms = start.elapsed_time(end) / steps
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            graph.replay()
+        torch.cuda.synchronize()
+    kernels = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type.name == "CUDA"]
+    return ms, timeline(kernels)
 
 
 def main() -> None:
@@ -168,10 +179,16 @@ def main() -> None:
             del engine  # its weights and KV pool go before the next engine sizes its own
             gc.collect()
             torch.cuda.empty_cache()
-            replay = None
+            replay, gaps = None, None
             if not args.prefill:
                 engine = decoding_engine(ws, args, context, cuda_graph=True, device=device)
-                replay = graph_step_ms(engine, args.steps)
+                replay, replay_timeline = graph_step_ms(engine, args.steps)
+                per_step = 1e3 * args.steps  # µs over the profiled replays -> ms a step
+                gaps = {"span_ms": replay_timeline.span_us / per_step, "busy_ms": replay_timeline.busy_us / per_step,
+                        "idle_ms": replay_timeline.idle_us / per_step,
+                        "gaps_ms": [{"after": a, "before": b, "ms": us / per_step,
+                                     "per_step": replay_timeline.gap_counts[(a, b)] / args.steps}
+                                    for (a, b), us in replay_timeline.gaps_us.items()]}
                 engine.close()
                 del engine
                 gc.collect()
@@ -181,7 +198,7 @@ def main() -> None:
                 groups[group_of(name)] += ms
             results["contexts"][context] = {"graph_replay_ms": replay, "kernel_sum_ms": sum(kernels.values()),
                                             "groups_ms": dict(groups), "kernels_ms": kernels,
-                                            "w4a16_by_linear": by_linear}
+                                            "w4a16_by_linear": by_linear, "graph_timeline": gaps}
     Path(os.environ.get("OUT", "."), "decode_step_kernels.json").write_text(json.dumps(results, indent=1))
     for context, r in results["contexts"].items():
         kv = "int8" if args.quant_policy == 4 else "fp16"
@@ -189,6 +206,12 @@ def main() -> None:
         print(f"\n{results['gpu']}, {args.weights} {args.shape} shape, KV {kv}, batch {args.batch}, context {context}"
               + (f", + a {args.prefill}-token prompt per step" if args.prefill else "")
               + f": {replay}eager kernels sum {r['kernel_sum_ms']:.3f} ms")
+        if r["graph_timeline"] is not None:
+            g = r["graph_timeline"]
+            print(f"  graph replay, profiled: span {g['span_ms']:.3f} ms a step, a kernel running {g['busy_ms']:.3f}, "
+                  f"idle {g['idle_ms']:.3f}; largest idle transitions (ms a step, gaps a step):")
+            for gap in g["gaps_ms"][:6]:
+                print(f"    {gap['ms']:7.3f} {gap['per_step']:6.1f}  {gap['after'][:48]} -> {gap['before'][:48]}")
         for group, ms in sorted(r["groups_ms"].items(), key=lambda kv: -kv[1]):
             print(f"  {group:20} {ms:8.3f}")
         for name, ms in list(r["kernels_ms"].items())[: args.top]:
