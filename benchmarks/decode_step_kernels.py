@@ -122,9 +122,9 @@ def kernel_profile(engine: Engine, steps: int, prefill: int) -> tuple[dict[str, 
     return dict(sorted(per_kernel.items(), key=lambda kv: -kv[1])), w4a16_by_linear(list(prof.events()))
 
 
-def graph_step_ms(engine: Engine, steps: int) -> tuple[float, Timeline]:
-    """The whole step by graph replay (CUDA events, `steps` replays), and the kernel timeline of `steps` more replays
-    under torch.profiler (its idle time and gaps per step)."""
+def graph_step_ms(engine: Engine, steps: int) -> tuple[float, Timeline, dict[str, float]]:
+    """The whole step by graph replay (CUDA events, `steps` replays), and, from `steps` more replays under
+    torch.profiler, the kernel timeline (its idle time and gaps) and ms a step by kernel name."""
     from torch.profiler import ProfilerActivity, profile
 
     graphs = engine.runner.graphs
@@ -147,7 +147,10 @@ def graph_step_ms(engine: Engine, steps: int) -> tuple[float, Timeline]:
             graph.replay()
         torch.cuda.synchronize()
     kernels = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type.name == "CUDA"]
-    return ms, timeline(kernels)
+    per_kernel: dict[str, float] = defaultdict(float)
+    for name, start_us, end_us in kernels:
+        per_kernel[name] += (end_us - start_us) / 1e3 / steps
+    return ms, timeline(kernels), dict(sorted(per_kernel.items(), key=lambda kv: -kv[1]))
 
 
 def main() -> None:
@@ -182,10 +185,11 @@ def main() -> None:
             replay, gaps = None, None
             if not args.prefill:
                 engine = decoding_engine(ws, args, context, cuda_graph=True, device=device)
-                replay, replay_timeline = graph_step_ms(engine, args.steps)
+                replay, replay_timeline, replay_kernels = graph_step_ms(engine, args.steps)
                 per_step = 1e3 * args.steps  # µs over the profiled replays -> ms a step
                 gaps = {"span_ms": replay_timeline.span_us / per_step, "busy_ms": replay_timeline.busy_us / per_step,
                         "idle_ms": replay_timeline.idle_us / per_step,
+                        "kernels_ms": replay_kernels,
                         "gaps_ms": [{"after": a, "before": b, "ms": us / per_step,
                                      "per_step": replay_timeline.gap_counts[(a, b)] / args.steps}
                                     for (a, b), us in replay_timeline.gaps_us.items()]}
@@ -212,6 +216,9 @@ def main() -> None:
                   f"idle {g['idle_ms']:.3f}; largest idle transitions (ms a step, gaps a step):")
             for gap in g["gaps_ms"][:6]:
                 print(f"    {gap['ms']:7.3f} {gap['per_step']:6.1f}  {gap['after'][:48]} -> {gap['before'][:48]}")
+            print("  ms a step by kernel, graph replay against eager:")
+            for name, ms in list(g["kernels_ms"].items())[:6]:
+                print(f"    {ms:8.3f} {r['kernels_ms'].get(name, float('nan')):8.3f}  {name[:100]}")
         for group, ms in sorted(r["groups_ms"].items(), key=lambda kv: -kv[1]):
             print(f"  {group:20} {ms:8.3f}")
         for name, ms in list(r["kernels_ms"].items())[: args.top]:
