@@ -12,8 +12,9 @@ On CUDA tensors with Triton present (or under TRITON_INTERPRET=1) the token coun
     M <= 16     -> warp-level mma.sync GEMV in CUDA C++ (NVRTC)  (w4a16_mma_gemv; up to 128 with LMD_W4A16_CUDA=1)
     M >= 16     -> warp-level mma.sync GEMM in CUDA C++, a cp.async pipeline through shared memory
                                                        (w4a16_mma_gemm; with LMD_W4A16_CUDA=1)
-    M >= 64     -> warpgroup wgmma GEMM in CUDA C++ (sm_90a), a producer warpgroup dequantizing into shared memory
-                   beside two consumer warpgroups      (w4a16_wgmma; with LMD_W4A16_CUDA=1)
+    M >= 64     -> warpgroup wgmma GEMM in CUDA C++ (sm_90a): TMA copies by a producer thread, two consumer
+                   warpgroups dequantizing into registers (RS; SS: the producer dequantizes into shared memory)
+                                                       (w4a16_wgmma; RS from M = 256, all with LMD_W4A16_CUDA=1)
                    (LMD_W4A16_CUDA=0 offers none of the CUDA kernels: w4a16_mma_gemv.cuda_kernels)
 and the measured fastest wins (H200, H100: docs/benchmarks.md). fp16/bf16 activations; other dtypes, CPU tensors
 and machines without Triton take the PyTorch reference. On a GPU the plan of each (bucket, N, K, group, dtype) is

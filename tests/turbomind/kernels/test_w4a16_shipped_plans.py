@@ -15,7 +15,7 @@ from lmd.turbomind.kernels import w4a16_plan_cache as plan_cache  # noqa: E402
 from lmd.turbomind.kernels import w4a16_shipped_plans as shipped  # noqa: E402
 from lmd.turbomind.kernels.w4a16_gemv import GemvConfig  # noqa: E402
 
-SMS = {"NVIDIA H200": 132}  # the candidate list depends on the SM count (split-K sizes)
+SMS = {"NVIDIA H200": 132, "NVIDIA H100 80GB HBM3": 132}  # the candidate list depends on the SM count (split-K sizes)
 GPU = "NVIDIA H200"
 KEY = w4a16.PlanKey(64, 12288, 4096, 128, torch.float16, "cuda:0")
 CUDA = torch.device("cuda")
@@ -40,8 +40,9 @@ def test_every_shipped_plan_is_a_current_candidate(monkeypatch) -> None:
         monkeypatch.setattr(w4a16, "_sms", lambda device, gpu=table["gpu"]: SMS[gpu])
         # the opt-in families its tuning offered are offered here too
         offered = set(table.get("opt_in", []))
-        monkeypatch.setattr(w4a16.w4a16_mma_gemv, "cuda_kernels", lambda device, o=offered: "all" if "wgmma" in o
-                            else "default" if o else "none")
+        mode = "all" if offered == set(shipped.OPT_IN_FAMILIES) else "default" if offered else "none"
+        monkeypatch.setattr(w4a16.w4a16_mma_gemv, "cuda_kernels", lambda device, m=mode: m)
+        monkeypatch.setattr(w4a16.w4a16_wgmma, "runs_on", lambda device, o=offered: "wgmma" in o)  # an sm_90 table
         for key, name in table["plans"].items():
             bucket, n, k, group = (int(part[1:]) for part in key.split()[:4])
             names = [plan.name() for plan in w4a16.candidates(bucket, n, k, group, CUDA)]
@@ -77,7 +78,7 @@ def test_other_triton_or_gpu_or_cache_off_tunes(monkeypatch) -> None:
     monkeypatch.setattr(triton, "__version__", "3.7.1")
     assert _resolve()[1] == 1
     monkeypatch.setattr(triton, "__version__", "3.6.0")
-    other = w4a16.resolve_plan(KEY, CUDA, "NVIDIA H100 80GB HBM3", False, lambda plans: pytest.fail("tuned"))
+    other = w4a16.resolve_plan(KEY, CUDA, "NVIDIA A100-SXM4-80GB", False, lambda plans: pytest.fail("tuned"))
     assert other == w4a16.default_plan(KEY.bucket, KEY.n, KEY.k, KEY.group, CUDA)
     monkeypatch.setenv("LMD_W4A16_PLAN_CACHE", "0")
     assert _resolve()[1] == 1
