@@ -23,14 +23,19 @@
 #   table:  the plan table lmd ships for this GPU (benchmarks/w4a16_tune.py with the default kernels: about 4-5
 #           minutes on an H100), as $OUT/table/<gpu>.json, to commit under lmd/turbomind/kernels/w4a16_plans/ (then
 #           a first engine start there, `serve` included, does not tune).
+#   timer:  the tuner's two timers (lmd/turbomind/kernels/w4a16_timer.py) judged by the decode step. `timer tune`: a
+#           table tuned with LMD_W4A16_TIMER=graph for buckets to 2048 (about 5-6 minutes on an H100) into
+#           $OUT/timer and the tree's w4a16_plans/ (copy it there here as well before `timer steps` if the machine
+#           was not kept); `timer steps`: the int4 step at batch 1 / 16 / 64 with each timer's table (about 4
+#           minutes).
 #     bash benchmarks/w4a16_mma_gpu_call.sh probe [flags] | decode [fp16|0|default|1 ...] | serve | steps
-#                                           | layout [flags] | wgmma [flags] | table
+#                                           | layout [flags] | wgmma [flags] | table | timer tune|steps
 # Full results in folders under $OUT, one a step or variant; the last lines printed are the tables.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 OUT="${OUT:-$PWD/out}"
-step="${1:?usage: w4a16_mma_gpu_call.sh probe | decode [variants] | serve | steps | layout | wgmma | table}"
+step="${1:?usage: w4a16_mma_gpu_call.sh probe | decode [variants] | serve | steps | layout | wgmma | table | timer}"
 shift
 case "$step" in
 probe)
@@ -116,8 +121,31 @@ table)
     mkdir -p "$OUT/table"
     OUT="$OUT/table" python3 benchmarks/w4a16_tune.py 2>&1 | tee "$OUT/table/log.txt" | tail -12
     ;;
+timer)
+    case "${1:?timer tune | timer steps}" in
+    tune)
+        mkdir -p "$OUT/timer"
+        LMD_W4A16_TIMER=graph OUT="$OUT/timer" python3 benchmarks/w4a16_tune.py --max-m 2048 2>&1 \
+            | tee "$OUT/timer/log.txt" | tail -12
+        cp "$OUT"/timer/*.graph.json lmd/turbomind/kernels/w4a16_plans/
+        ;;
+    steps)
+        ls lmd/turbomind/kernels/w4a16_plans/*.graph.json
+        for run in "cold 1" "graph 1" "cold 16" "graph 16" "cold 64" "graph 64"; do
+            read -r timer batch <<<"$run"
+            name="timer_${timer}_b$batch"
+            mkdir -p "$OUT/$name"
+            LMD_W4A16_TIMER=$timer OUT="$OUT/$name" python3 benchmarks/decode_step_kernels.py --weights int4 \
+                --batch "$batch" --contexts 128 --steps 10 > "$OUT/$name/log.txt" 2>&1 || tail -20 "$OUT/$name/log.txt"
+            echo "$timer timer, batch $batch: $(grep -o 'graph replay [0-9.]* ms/step' "$OUT/$name/log.txt")"
+            grep -E "^  w4a16 " "$OUT/$name/log.txt"
+        done
+        ;;
+    *) echo "timer tune | timer steps" >&2; exit 2 ;;
+    esac
+    ;;
 *)
-    echo "unknown step $step: probe, decode, serve, steps, layout, wgmma or table" >&2
+    echo "unknown step $step: probe, decode, serve, steps, layout, wgmma, table or timer" >&2
     exit 2
     ;;
 esac

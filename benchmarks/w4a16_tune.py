@@ -6,7 +6,9 @@ bucket up to --max-m, and report what it costs and what wins (issue 18). A CUDA 
 Always tunes (the on-disk plan cache and the shipped tables are off here). Per (shape, bucket): tuning wall time,
 candidates timed, the winner and its time, the next four, and the fastest candidate of each kernel family. Writes
 $OUT/w4a16_tune.json and, in the format lmd ships (`lmd/turbomind/kernels/w4a16_shipped_plans.py`), the winners as
-$OUT/<gpu>.json: copied to lmd/turbomind/kernels/w4a16_plans/, it spares a first engine start on that GPU the tuning.
+$OUT/<gpu>.json (`<gpu>.graph.json` under LMD_W4A16_TIMER=graph, which times candidates as a decode step runs them:
+lmd/turbomind/kernels/w4a16_timer.py): copied to lmd/turbomind/kernels/w4a16_plans/, it spares a first engine start on
+that GPU the tuning.
 Prints a table last.
 """
 
@@ -27,6 +29,7 @@ from lmd.turbomind.kernels import w4a16_mma_gemv as mma_gemv  # noqa: E402
 from lmd.turbomind.kernels import w4a16_shipped_plans as shipped  # noqa: E402
 from lmd.turbomind.kernels import w4a16_wgmma as wgmma  # noqa: E402
 from lmd.turbomind.kernels.w4a16 import TUNE_LOG, m_bucket, plan_for, plan_key, random_weight  # noqa: E402
+from lmd.turbomind.kernels.w4a16_timer import tune_timer  # noqa: E402
 
 SHAPES = "12288x4096,4096x4096,22016x4096,4096x11008"  # N (out) x K (in): qkv, o, gate+up, down
 GROUP = 128
@@ -37,16 +40,17 @@ def write_table(rows: list[dict], gpu: str, out: Path) -> Path:
     import triton
 
     plans = {shipped.entry_key(r["bucket"], r["n"], r["k"], GROUP, "float16"): r["plan"] for r in rows if r["timed"]}
-    path = out / shipped.table_file(gpu).name
+    timer = tune_timer()
+    path = out / shipped.table_file(gpu, timer).name
     shapes = ",".join(dict.fromkeys(f"{r['n']}x{r['k']}" for r in rows))
-    source = f"benchmarks/w4a16_tune.py --shapes {shapes}"
+    source = ("LMD_W4A16_TIMER=graph " if timer == "graph" else "") + f"benchmarks/w4a16_tune.py --shapes {shapes}"
     cuda = mma_gemv.cuda_kernels(torch.device("cuda"))
     # by family: under the default the GEMV was offered up to 16 rows only and the wgmma GEMM's RS form from 256 (on
     # sm_90), so a table tuned so never judges the GEMV past 16 rows (where it loses; docs/benchmarks.md,
     # twenty-third session) nor the rest of the wgmma configs
     default = ["mma-gemv", "wgmma"] if wgmma.runs_on(torch.device("cuda")) else ["mma-gemv"]
     opt_in = {"none": [], "default": default, "all": list(shipped.OPT_IN_FAMILIES)}[cuda]
-    path.write_text(shipped.table_json(gpu, triton.__version__, source, plans, opt_in))
+    path.write_text(shipped.table_json(gpu, triton.__version__, source, plans, opt_in, timer))
     return path
 
 

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import torch
+
+W = TypeVar("W")  # one weight, or a set of tensors, as fn takes it
 
 
 def cold_call_ms(fn: Callable[[], object], flush: torch.Tensor, reps: int = 15) -> float:
@@ -55,8 +58,8 @@ def graph_ms(fns: Sequence[Callable[[], object]], reps: int = 7) -> float:
     return statistics.median(times)
 
 
-def graph_call_ms(fn: Callable[[torch.Tensor], object], weights: Sequence[torch.Tensor],
-                  prelude: Callable[[], object], calls: int = 24) -> float:
+def graph_call_ms(fn: Callable[[W], object], weights: Sequence[W], prelude: Callable[[], object],
+                  calls: int = 24) -> float:
     """GPU time per `prelude(); fn(w)` in a CUDA graph of `calls` of them, w rotating over `weights` (copies worth
     more than L2: each call finds its weight cold). The prelude's time is included: compare candidates with it."""
     return graph_ms([lambda w=weights[i % len(weights)]: (prelude(), fn(w)) for i in range(calls)])

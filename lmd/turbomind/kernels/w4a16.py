@@ -37,10 +37,10 @@ import torch
 from lmd.turbomind.kernels import w4a16_mma_gemm, w4a16_mma_gemv, w4a16_wgmma
 from lmd.turbomind.kernels import w4a16_plan_cache as plan_cache
 from lmd.turbomind.kernels import w4a16_shipped_plans as shipped_plans
-from lmd.turbomind.kernels.gpu_timing import cold_call_ms
 from lmd.turbomind.kernels.w4a16_layout import w4a16_matmul_reference
 from lmd.turbomind.kernels.w4a16_mma_gemm import MmaGemmConfig
 from lmd.turbomind.kernels.w4a16_mma_gemv import MmaGemvConfig
+from lmd.turbomind.kernels.w4a16_timer import candidate_timer, timer_suffix, tune_timer
 from lmd.turbomind.kernels.w4a16_wgmma import WgmmaConfig
 
 try:
@@ -269,22 +269,22 @@ def output_is_wrong(y: torch.Tensor, ref: torch.Tensor) -> bool:
 
 def tune(bucket: int, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, dtype: torch.dtype,
          plans: list[Plan] | None = None) -> tuple[Plan, list[tuple[str, float]]]:
-    """Time every candidate (`plans`, default `candidates`) at M = bucket on random activations; returns the fastest
-    and all timings (ms). A candidate whose output is wrong before or after its timing runs (`output_is_wrong`;
-    the second check is there for races, which may show only in some runs) is dropped with a warning; if none is
-    left, the untuned default plan is returned."""
+    """Time every candidate (`plans`, default `candidates`) at M = bucket on random activations, the way
+    `LMD_W4A16_TIMER` says (`w4a16_timer`); returns the fastest and all timings (ms). A candidate whose output is
+    wrong before or after its timing runs (`output_is_wrong`; the second check is there for races, which may show
+    only in some runs) is dropped with a warning; if none is left, the untuned default plan is returned."""
     k, n = qweight.shape[0] * 8, qweight.shape[1]
     group = k // scales.shape[0]
     x = torch.randn(bucket, k, dtype=dtype, device=qweight.device)
     ref = w4a16_matmul_reference(x.float(), qweight, scales, zeros)
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device=qweight.device)
+    measure = candidate_timer(x, (qweight, scales, zeros), tune_timer())
     plans = plans if plans is not None else candidates(bucket, n, k, group, qweight.device)
     compile_all(plans, x, qweight, scales, zeros)
     timings: list[tuple[Plan, float]] = []
     for plan in plans:
         try:
             before = run_plan(plan, x, qweight, scales, zeros)
-            ms = cold_call_ms(lambda p=plan: run_plan(p, x, qweight, scales, zeros), flush)
+            ms = measure(lambda q, s, z, p=plan: run_plan(p, x, q, s, z))
             after = run_plan(plan, x, qweight, scales, zeros)
         except Exception:  # a config the compiler rejects (shared memory, registers) is simply not a candidate
             continue
@@ -326,20 +326,22 @@ def resolve_plan(key: PlanKey, device: torch.device, gpu: str | None, can_tune: 
                  tune_fn: Callable[[list[Plan]], tuple[Plan, list[tuple[str, float]]]]) -> Plan:
     """A GPU's plan from the on-disk cache, else from the table shipped for that GPU (`w4a16_shipped_plans`; with
     opt-in candidates its tuning never saw, they are tuned against its winner alone), else from tuning the
-    candidates (then cached under a fingerprint of the whole list), else the untuned default."""
+    candidates (then cached under a fingerprint of the whole list), else the untuned default. Cache entries and
+    tables are the tuner timer's own (`w4a16_timer`)."""
     if gpu is None:
         return default_plan(key.bucket, key.n, key.k, key.group, device)
     plans = candidates(key.bucket, key.n, key.k, key.group, device)
     dtype = str(key.dtype).removeprefix("torch.")
+    timer = tune_timer()
     disk_key = None
     if plan_cache.enabled():
-        disk_key = plan_cache.cache_key(gpu, key.bucket, key.n, key.k, key.group, dtype,
+        disk_key = plan_cache.cache_key(gpu, key.bucket, key.n, key.k, key.group, dtype + timer_suffix(timer),
                                         plan_cache.candidates_fingerprint([p.name() for p in plans]))
         cached = plan_cache.plan_from_json(plan_cache.load().get(disk_key, {}), PLAN_KINDS)
         if cached is not None:
             return cached
-        shipped = shipped_plans.lookup(gpu, key.bucket, key.n, key.k, key.group, dtype, plans)
-        unjudged = shipped_plans.unjudged(gpu, plans)
+        shipped = shipped_plans.lookup(gpu, timer, key.bucket, key.n, key.k, key.group, dtype, plans)
+        unjudged = shipped_plans.unjudged(gpu, timer, plans)
         if shipped is not None and (not unjudged or not can_tune):
             return shipped
         if shipped is not None:  # the table's winner stands for the families it was tuned over

@@ -98,8 +98,8 @@ def test_table_round_trip(tmp_path, monkeypatch) -> None:
     text = shipped.table_json("Some GPU 9", "3.6.2", "test", {shipped.entry_key(1, 8, 16, 128, "float16"): plan.name()})
     shipped.table_file("Some GPU 9").write_text(text)
     assert shipped.table_file("Some GPU 9").name == "some_gpu_9.json"
-    assert shipped.lookup("Some GPU 9", 1, 8, 16, 128, "float16", [GemvConfig(), plan]) is plan
-    assert shipped.lookup("Some GPU 9", 2, 8, 16, 128, "float16", [GemvConfig(), plan]) is None
+    assert shipped.lookup("Some GPU 9", "cold", 1, 8, 16, 128, "float16", [GemvConfig(), plan]) is plan
+    assert shipped.lookup("Some GPU 9", "cold", 2, 8, 16, 128, "float16", [GemvConfig(), plan]) is None
     shipped._table.cache_clear()
 
 
@@ -111,13 +111,13 @@ def test_a_table_tuned_without_an_opt_in_family_does_not_judge_it(tmp_path, monk
     plan, mma = GemvConfig(512, 2, 51, 4, 1, 1), MmaGemvConfig(8, 4, 2, True)
     key = shipped.entry_key(1, 64, 256, 128, "float16")
     shipped.table_file("Some GPU 9").write_text(shipped.table_json("Some GPU 9", "3.6.2", "t", {key: plan.name()}))
-    assert shipped.lookup("Some GPU 9", 1, 64, 256, 128, "float16", [plan, mma]) is plan
-    assert shipped.unjudged("Some GPU 9", [plan, mma]) == [mma]
+    assert shipped.lookup("Some GPU 9", "cold", 1, 64, 256, 128, "float16", [plan, mma]) is plan
+    assert shipped.unjudged("Some GPU 9", "cold", [plan, mma]) == [mma]
     shipped._table.cache_clear()
     shipped.table_file("Some GPU 9").write_text(
         shipped.table_json("Some GPU 9", "3.6.2", "t", {key: mma.name()}, opt_in=["mma-gemv"]))
-    assert shipped.lookup("Some GPU 9", 1, 64, 256, 128, "float16", [plan, mma]) is mma
-    assert shipped.unjudged("Some GPU 9", [plan, mma]) == []
+    assert shipped.lookup("Some GPU 9", "cold", 1, 64, 256, 128, "float16", [plan, mma]) is mma
+    assert shipped.unjudged("Some GPU 9", "cold", [plan, mma]) == []
     shipped._table.cache_clear()
 
 
@@ -140,3 +140,33 @@ def test_opt_in_candidates_are_tuned_against_the_tables_winner_alone(tmp_path, m
     assert w4a16.resolve_plan(key, CUDA, GPU, True, tune) == chosen and len(timed) == 1  # cached on disk
     monkeypatch.setenv("LMD_CACHE_DIR", str(tmp_path / "fresh"))
     assert w4a16.resolve_plan(key, CUDA, GPU, False, tune).name() == winner  # cannot tune: the table's plan
+
+
+def test_each_timer_reads_its_own_table(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(shipped, "TABLES", tmp_path)
+    shipped._table.cache_clear()
+    cold_plan, graph_plan = GemvConfig(512, 2, 51, 4, 1, 1), GemvConfig()
+    key = shipped.entry_key(1, 8, 16, 128, "float16")
+    for timer, plan in (("cold", cold_plan), ("graph", graph_plan)):
+        shipped.table_file("Some GPU 9", timer).write_text(
+            shipped.table_json("Some GPU 9", "3.6.2", "t", {key: plan.name()}, timer=timer))
+    assert shipped.table_file("Some GPU 9", "graph").name == "some_gpu_9.graph.json"
+    candidates = [graph_plan, cold_plan]
+    assert shipped.lookup("Some GPU 9", "cold", 1, 8, 16, 128, "float16", candidates) is cold_plan
+    assert shipped.lookup("Some GPU 9", "graph", 1, 8, 16, 128, "float16", candidates) is graph_plan
+    # a table whose recorded timer is not the one it is read for is not used
+    shipped.table_file("Some GPU 9", "graph").write_text(
+        shipped.table_json("Some GPU 9", "3.6.2", "t", {key: graph_plan.name()}, timer="cold"))
+    shipped._table.cache_clear()
+    assert shipped.lookup("Some GPU 9", "graph", 1, 8, 16, 128, "float16", candidates) is None
+    shipped._table.cache_clear()
+
+
+def test_the_graph_timer_neither_reads_the_cold_table_nor_its_cache(monkeypatch) -> None:
+    monkeypatch.setattr(w4a16, "tune_timer", lambda: "graph")
+    tuned = GemvConfig(64, 8, 2, 4, 1, 64)
+    assert _resolve(tuned) == (tuned, 1)  # no graph table for the GPU: tunes
+    assert _resolve(tuned) == (tuned, 0)  # cached under the graph timer's key
+    monkeypatch.setattr(w4a16, "tune_timer", lambda: "cold")
+    plan, tunings = _resolve(tuned)
+    assert tunings == 0 and plan.name() == tables()[0]["plans"]["m64 n12288 k4096 g128 float16"] != tuned.name()
