@@ -26,6 +26,9 @@ Workloads (`--workloads`):
   the same weights turned back into an HF checkpoint, fed token ids, as benchmarks/decode_vs_lmdeploy.py runs it) and
   on HF transformers `generate` in static padded batches of 64 (only the first `--hf-requests`; each request's own
   output length counts as useful tokens, the padding steps do not). Output tok/s, requests/s, total time, ratios.
+  `--real-kv-int8`: then again on an lmd engine with online int8 KV (`quant_policy=4`, the pool in the same share of
+  memory), "lmd KV int8": at these lengths attention reads the KV and is about half of a full step of a model without
+  GQA (docs/benchmarks.md, twenty-sixth session), so this is what int8 KV adds to a W4A16 deployment.
 - kv-int8 (5c): lmd only; the KV pool sized to `--kv-cache-tokens` of fp16 KV, so the running batch is capped well
   below the requests in flight, against `quant_policy=4` (online int8 KV) in the same bytes (`kv_cache.block_bytes`:
   1.94x the blocks at head_dim 128), on `--kv-requests` requests (the real lengths cycled, fresh ids: 2048, so that
@@ -464,6 +467,9 @@ def lmdeploy_child(spec_path: str) -> None:
     Path(spec["out"]).write_text(json.dumps(report))
 
 
+KV_INT8 = "lmd KV int8"
+
+
 def ratios(real: dict[str, Any]) -> dict[str, float]:
     lmd = real.get("lmd", {}).get("output_tokens_per_s")
     out = {}
@@ -471,6 +477,8 @@ def ratios(real: dict[str, Any]) -> dict[str, float]:
         other = real.get(system, {}).get("output_tokens_per_s")
         if lmd and other:
             out[key] = lmd / other
+    if lmd and (int8 := real.get(KV_INT8, {}).get("output_tokens_per_s")):
+        out["kv_int8_over_lmd"] = int8 / lmd
     return out
 
 
@@ -638,6 +646,8 @@ def run_model(name: str, spec: ModelSpec, lengths: Lengths, settings: Settings, 
             results["real"] = {}
         if {"real", "prefix"} & set(args.workloads):
             lmd_phases(run)
+        if "real" in args.workloads and args.real_kv_int8:
+            lmd_real_kv_int8(run)
         if "real" in args.workloads:
             peer_phases(run, root / "hf")
             results["real"]["ratios"] = ratios(results["real"])
@@ -682,6 +692,20 @@ def lmd_phases(run: ModelRun) -> None:
             results["real"].setdefault("lmd", failed)
         if "prefix" in args.workloads:
             results.setdefault("prefix", failed)
+
+
+def lmd_real_kv_int8(run: ModelRun) -> None:
+    """The real workload on a second lmd engine, with online int8 KV (quant_policy 4) in the same share of memory."""
+    options = run.settings.engine_options(run.spec.dtype, quant_policy=4)
+    real = run.results["real"]
+    try:
+        with lmd_engine(run.ws, options, run.phases, f"{run.name} KV int8") as engine:
+            real[KV_INT8] = run.phases.run(run.name, "real", KV_INT8,
+                                           lambda _: lmd_real(engine, options, run.requests, run.warmup))
+    except Exception as exc:  # the engine did not start: the row says why, the peers still run
+        traceback.print_exc()
+        real[KV_INT8] = {"failed": f"lmd engine: {type(exc).__name__}: {exc}"}
+    run.phases.save()
 
 
 def peer_phases(run: ModelRun, hf_dir: Path) -> None:
@@ -760,7 +784,9 @@ def print_tables(results: dict[str, Any]) -> None:
             note = s.get("skipped") or s.get("failed") or ""
             if system == "lmd":
                 names = {"lmd_over_lmdeploy": "LMDeploy", "lmd_over_hf": "HF"}
-                note = ", ".join(f"{v:.2f}x {names[k]}" for k, v in r["real"]["ratios"].items())
+                note = ", ".join(f"{v:.2f}x {names[k]}" for k, v in r["real"]["ratios"].items() if k in names)
+            elif system == KV_INT8 and "kv_int8_over_lmd" in r["real"]["ratios"]:
+                note = f"{r['real']['ratios']['kv_int8_over_lmd']:.2f}x lmd (float KV)"
             table.add_row(model, "real", system, str(s.get("requests", "-")), _f(s.get("output_tokens"), 0),
                           _f(s.get("total_s"), 2), _f(s.get("requests_per_s"), 2), _f(s.get("output_tokens_per_s")),
                           _f((s.get("ttft_ms") or {}).get("mean")), note)
@@ -834,6 +860,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lmd-step-lengths", default="", type=lambda v: [int(x) for x in v.split(",") if x],
                    help="comma list: the real workload again on lmd's engine with each admission interval "
                         "(step_length), after the run at the workspace's own")
+    p.add_argument("--real-kv-int8", action="store_true",
+                   help="the real workload also on an lmd engine with online int8 KV (quant_policy 4)")
     p.add_argument("--models", default="llama3-8b,llama2-7b", help=f"comma list of {', '.join(MODELS)}")
     p.add_argument("--num-requests", type=int, help="requests of the real workload (default 1000; tiny 12)")
     p.add_argument("--hf-requests", type=int, help="the first N requests also through HF transformers, 0 skips "

@@ -8,8 +8,9 @@
 #           LMD_W4A16_CUDA=0 (the Triton plans), default (unset: the GEMV to 16 rows) or 1 (all the CUDA kernels);
 #           no arguments: 0 then 1 (about 1.5-2.5 minutes a run);
 #   serve:  the 1000 real-length requests (benchmarks/serving_workloads.py, workload real): lmd fp16, then lmd int4
-#           with the default kernels and LMDeploy 0.18 PT serving the same codes as AWQ
-#           (about 9 minutes; carry .peers, with .peers/serving_lengths.json written here by
+#           with the default kernels and LMDeploy 0.18 PT serving the same codes as AWQ; lmd each time with float
+#           and with int8 KV (about 6 minutes on an H100 with its shipped plan table; carry .peers, with
+#           .peers/serving_lengths.json written here by
 #           `serving_workloads.py --prepare`);
 #   steps:  the int4 decode step by kernel (benchmarks/decode_step_kernels.py: graph replay, eager kernel times, each
 #           linear's W4A16 kernel in the step, the tuner's timings) at batch 1 and 16 with the default CUDA kernels
@@ -67,11 +68,12 @@ serve)
     mkdir -p "$OUT/fp16" "$OUT/int4"
     echo "== fp16, lmd"
     python3 benchmarks/serving_workloads.py --workloads real --models llama2-7b --no-peer --hf-requests 0 \
-        --lengths .peers/serving_lengths.json --budget-s 130 --out "$OUT/fp16" 2>&1 | tee "$OUT/fp16/log.txt" | tail -8
+        --lengths .peers/serving_lengths.json --real-kv-int8 --budget-s 170 --out "$OUT/fp16" 2>&1 \
+        | tee "$OUT/fp16/log.txt" | tail -9
     echo "== int4, lmd (default kernels: the GEMV to 16 rows), and LMDeploy AWQ"
     python3 benchmarks/serving_workloads.py --workloads real --models llama2-7b-int4 \
-        --hf-requests 0 --lengths .peers/serving_lengths.json --peers .peers --budget-s 380 --peer-timeout 250 \
-        --out "$OUT/int4" 2>&1 | tee "$OUT/int4/log.txt" | tail -12
+        --hf-requests 0 --lengths .peers/serving_lengths.json --peers .peers --real-kv-int8 --budget-s 380 \
+        --peer-timeout 250 --out "$OUT/int4" 2>&1 | tee "$OUT/int4/log.txt" | tail -13
     ;;
 steps)
     for run in "1 default" "1 0" "16 default" "16 0"; do

@@ -88,7 +88,7 @@ def report(script, lengths_file, tmp_path_factory) -> tuple[dict, str]:
     with contextlib.redirect_stdout(text):
         script.main(["--tiny", "--lengths", str(lengths_file), "--out", str(out), "--num-requests",
                      str(NUM_REQUESTS), "--hf-requests", str(HF_REQUESTS), "--kv-requests", str(KV_REQUESTS),
-                     "--prefix-conversations", str(CONVERSATIONS)])
+                     "--prefix-conversations", str(CONVERSATIONS), "--real-kv-int8"])
     return json.loads((out / "serving_workloads.json").read_text()), text.getvalue()
 
 
@@ -114,6 +114,17 @@ def test_real_workload_token_counts(script, report, lengths_file):
     assert hf["padded_output_tokens"] >= hf["output_tokens"] and len(hf["batches"]) == 2  # batches of 4
     assert hf["output_tokens_per_s"] > 0 and tiny["real"]["ratios"]["lmd_over_hf"] > 0
     assert script.LMDEPLOY not in tiny["real"]  # --tiny runs no peer
+
+
+def test_real_workload_again_with_int8_kv(script, report):
+    real = report[0]["models"]["tiny"]["real"]
+    lmd, int8 = real["lmd"], real[script.KV_INT8]
+    assert int8["settings"]["engine_options"]["quant_policy"] == 4
+    assert "quant_policy" not in lmd["settings"]["engine_options"]
+    assert int8["requests"] == lmd["requests"] and int8["output_tokens"] == lmd["output_tokens"]
+    assert real["ratios"]["kv_int8_over_lmd"] == pytest.approx(
+        int8["output_tokens_per_s"] / lmd["output_tokens_per_s"])
+    assert f"{script.KV_INT8}" in report[1] and "x lmd (float KV)" in report[1]
 
 
 def test_kv_int8_gets_more_blocks_in_the_same_bytes(report):
