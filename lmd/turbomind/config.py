@@ -91,7 +91,7 @@ class EngineConfig:
     tp_rank: int = 0  # set by the engine for each rank's process
     pp: int = 1  # not in config.ini: pipeline stages (the decoder layers split in pp contiguous parts); tp * pp ranks
     pp_rank: int = 0  # set by the engine for each rank's process: its stage
-    cuda_graph: bool = True  # not in config.ini: replay captured CUDA graphs for decode steps (CUDA, tp = 1)
+    cuda_graph: bool = True  # not in config.ini: replay captured CUDA graphs for decode steps (CUDA, pp = 1)
     async_output: bool | None = None  # not in config.ini: stream a step's text while the next step runs; None: on
     # when the engine thread steps (a caller driving step() itself sees each step's deltas when it returns)
     enable_prefix_caching: bool = True  # not in config.ini: reuse the KV of full blocks shared by earlier prompts

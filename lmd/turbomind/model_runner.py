@@ -162,16 +162,41 @@ class ModelRunner:
         num_blocks = plan_num_blocks(engine_cfg.cache_max_entry_count, self.bytes_per_block, self.device, max_useful)
         if self.world > 1:  # every rank must hold every block the driver hands out
             num_blocks = all_reduce_min(num_blocks, self.device)
-        # decode graphs pad batches with rows that write into one scratch block past the ones handed out
-        self._scratch = 1 if engine_cfg.cuda_graph and self.world == 1 else 0
+        # decode graphs pad batches with rows that write into one scratch block past the ones handed out (on every
+        # rank: a graph step is one on all of them)
+        self._scratch = 1 if engine_cfg.cuda_graph and self.pp == 1 else 0
         self.cache = KVCache(len(layers), num_blocks + self._scratch, self.block_size, kv_heads,
                              model_cfg.size_per_head, self.dtype, self.device, int8, static)
         self.graphs: DecodeGraphs | None = None
         self.verify_graphs: dict[int, DecodeGraphs] = {}  # T -> graphs of steps of up to T tokens per sequence
         self._max_batch, self._session_len = engine_cfg.max_batch_size, engine_cfg.session_len
         self.pad_eager = self.device.type == "cuda"  # `_padded`; tests turn it on for the CPU
-        if self._scratch and self.device.type == "cuda" and self._graphs_supported(engine_cfg):
+        if self._scratch and self.device.type == "cuda":
+            self._start_decode_graphs(engine_cfg)
+
+    def _start_decode_graphs(self, engine_cfg: EngineConfig) -> None:
+        """Capture the decode graphs. With tp > 1 each rank captures its own, NCCL's all-reduces inside, in the same
+        order (the warm-up forward before each capture runs the collectives for real, so the ranks go in step), and
+        a step replays them on every rank or on none: the ranks agree first that every one can capture, then that
+        every one did; otherwise all of them run their steps eagerly."""
+        supported = self._graphs_supported(engine_cfg)
+        if self.world > 1 and not all_reduce_min(int(supported), self.device):
+            _log.warning("decode CUDA graphs off at tp=%d: the Triton attention does not run on every rank", self.tp)
+            return
+        if not supported:
+            return
+        failure: Exception | None = None
+        try:
             self.enable_decode_graphs(capture=True)
+        except Exception as exc:
+            if self.world == 1:
+                raise
+            failure, self.graphs = exc, None
+        if self.world > 1 and not all_reduce_min(int(failure is None), self.device):
+            self.graphs = None
+            _log.warning("decode CUDA graphs off at tp=%d: %s; steps run eagerly", self.tp,
+                         f"capture failed here ({type(failure).__name__}: {failure})" if failure is not None
+                         else "capture failed on another rank")
 
     def _graphs_supported(self, engine_cfg: EngineConfig) -> bool:
         """Captured steps must run the Triton attention (the reference path loops over host-side lengths)."""
@@ -185,7 +210,7 @@ class ModelRunner:
         """Run decode steps on the static buffers of `DecodeGraphs` (capture=False: eagerly, e.g. on CPU); verification
         graphs are dropped (`enable_verify_graphs` adds them again, in the new mode)."""
         if not self._scratch:
-            raise LmdError("decode graphs need the scratch block: cuda_graph=True and tp=pp=1")
+            raise LmdError("decode graphs need the scratch block: cuda_graph=True and pp=1")
         self.graphs = DecodeGraphs(self.model, self.cache, self.cache.num_blocks - 1, self._max_batch,
                                    self._session_len, self.device, capture)
         self.verify_graphs = {}
@@ -193,8 +218,9 @@ class ModelRunner:
 
     def enable_verify_graphs(self, tokens: int) -> None:
         """Graphs of steps of up to `tokens` tokens per sequence (a speculative chain's 1 + K), beside the decode
-        graphs: their mode, scratch block and memory pool. Nothing while decode graphs are off (CPU, tp > 1, eager)."""
-        if self.graphs is None or tokens <= 1 or tokens in self.verify_graphs:
+        graphs: their mode, scratch block and memory pool. Nothing while decode graphs are off (CPU, eager), nor
+        with tp > 1 (the workers replay the decode graphs only: `worker_step`)."""
+        if self.graphs is None or self.world > 1 or tokens <= 1 or tokens in self.verify_graphs:
             return
         graphs = DecodeGraphs(self.model, self.cache, self.cache.num_blocks - 1, self._max_batch, self._session_len,
                               self.device, self.graphs.capture, tokens, self.graphs.pool())
@@ -236,7 +262,10 @@ class ModelRunner:
             raise LmdError("an adjusted batch (token trees) runs with tp=pp=1")
         graphs = None if adjust is not None else self._graphs_for(chunks)
         if graphs is not None:
-            return graphs.run(chunks, patch, rows)
+            if self.workers is not None:
+                self.workers.send((chunks, rows, True))
+            with self._guard():
+                return graphs.run(chunks, patch, rows)
         if self.stage is not None:
             return self.run_chunks(chunks, rows)
         if adjust is None:
@@ -266,9 +295,19 @@ class ModelRunner:
         layers only (its part of the all-reduces), and the result is empty."""
         if self.stage is not None:
             if self.workers is not None:
-                self.workers.send((chunks, rows))
+                self.workers.send((chunks, rows, False))
             return self._stage_forward(chunks, rows)
         return self._forward(self._batch(chunks, rows))
+
+    def worker_step(self, chunks: list[tuple[list[int], int, list[int]]], rows: list[int], graphed: bool) -> None:
+        """A worker rank's part of one driver step (`run`): the replay of its decode graph for the same chunks
+        (`graphed`: every rank captured the same buckets, so the chunks fill the same graph) or the eager layers."""
+        if not graphed:
+            self.run_chunks(chunks, rows)
+            return
+        if self.graphs is None:
+            raise LmdError(f"rank {self.rank}: the driver replays a decode graph, but this rank has none")
+        self.graphs.run(chunks, None, rows)
 
     def _forward(self, batch: ForwardBatch) -> torch.Tensor:
         with self._guard():
@@ -326,7 +365,7 @@ class ModelRunner:
 
     def _batch(self, chunks: list[tuple[list[int], int, list[int]]], rows: list[int]) -> ForwardBatch:
         if self.workers is not None:
-            self.workers.send((chunks, rows))
+            self.workers.send((chunks, rows, False))
         return ForwardBatch.build(chunks, self.block_size, rows, self.device)
 
     def _guard(self) -> AbstractContextManager[None]:

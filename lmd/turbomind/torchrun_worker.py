@@ -42,7 +42,7 @@ def run_torchrun_worker(env: TorchrunEnv, workspace: str, overrides: dict[str, A
                                "stopped; this rank exits") from None
             if message is None:
                 break
-            runner.run_chunks(*message)
+            runner.worker_step(*message)
     finally:
         stop.set()
         runner.close()

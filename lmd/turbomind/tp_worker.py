@@ -1,8 +1,9 @@
 """A tensor-parallel worker process (ranks 1 .. tp-1): its rank's weights and KV cache, one forward per driver step.
 
 The driver (rank 0, in the Engine's process) sends each step's plain-data batch down a pipe; the worker runs the same
-layers on its slices, taking part in the all-reduces, and throws its hidden states away (rank 0 computes the logits:
-the lm_head is replicated in every rank file). `None` or a closed pipe ends the loop.
+layers on its slices, taking part in the all-reduces, eagerly or by replaying its own decode graph as the driver does,
+and throws its hidden states or logits away (rank 0 computes the logits: the lm_head is replicated in every rank
+file). `None` or a closed pipe ends the loop.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
-READY = "ready"  # worker -> driver once its imports are done; then the driver sends (chunks, rows) per step, None to stop
+READY = "ready"  # worker -> driver once its imports are done; then the driver sends (chunks, rows, graphed) per step
+# (graphed: it replays its decode graph, and so must the worker), None to stop
 
 
 class WorkerRunner(Protocol):
-    def run_chunks(self, chunks: list[tuple[list[int], int, list[int]]], rows: list[int]) -> Any: ...
+    def worker_step(self, chunks: list[tuple[list[int], int, list[int]]], rows: list[int], graphed: bool) -> Any: ...
 
 
 def worker_main(rank: int, tp: int, port: int, root: str, options: dict[str, Any], conn: Connection,
@@ -37,8 +39,7 @@ def worker_main(rank: int, tp: int, port: int, root: str, options: dict[str, Any
                 break
             if message is None:
                 break
-            chunks, rows = message
-            runner.run_chunks(chunks, rows)
+            runner.worker_step(*message)
     except BaseException as exc:
         with contextlib.suppress(OSError):
             conn.send(f"{type(exc).__name__}: {exc}")

@@ -60,3 +60,86 @@ def test_static_decode_buffers_give_the_plain_paths_tokens(tiny_llama_ws, monkey
     assert any(n not in graphs.buckets for n in sizes)  # batches padded to their bucket
     stats = engine.stats()
     assert stats.blocks_used == 0 and stats.blocks_free == stats.blocks_total == 64
+
+
+class _InProcessWorker:
+    """A driver's `workers` that hands each step straight to another runner's `worker_step`, as a worker rank's
+    loop does (tp > 1), recording whether the driver replayed its graph."""
+
+    def __init__(self, runner) -> None:
+        self.runner, self.graphed = runner, []
+
+    def send(self, message) -> None:
+        chunks, rows, graphed = message
+        self.graphed.append(graphed)
+        self.runner.worker_step(chunks, rows, graphed)
+
+    def guard(self):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+
+def test_a_worker_replays_its_graph_exactly_when_the_driver_does(tiny_llama_ws) -> None:
+    import torch
+
+    expected = _generate(_engine(tiny_llama_ws[1], cuda_graph=False))
+    engine, twin = _engine(tiny_llama_ws[1]), _engine(tiny_llama_ws[1])
+    for runner in (engine.runner, twin.runner):
+        runner.enable_decode_graphs(capture=False)
+        for pool in runner.cache.k + runner.cache.v:
+            pool.zero_()  # the pools start uninitialized
+    worker = _InProcessWorker(twin.runner)
+    engine.runner.workers = worker
+    try:
+        assert _generate(engine) == expected
+    finally:
+        engine.runner.workers = None
+    assert True in worker.graphed and False in worker.graphed  # decode steps replayed, prefills eager
+    # the worker computed every step as the driver did, padding rows in the scratch block included
+    for mine, theirs in ((engine.runner.cache.k, twin.runner.cache.k), (engine.runner.cache.v, twin.runner.cache.v)):
+        assert all(torch.equal(a, b) for a, b in zip(mine, theirs, strict=True))
+
+
+def test_a_worker_without_graphs_refuses_a_graph_step(tiny_llama_ws) -> None:
+    runner = _engine(tiny_llama_ws[1]).runner
+    with pytest.raises(LmdError, match="replays a decode graph, but this rank has none"):
+        runner.worker_step([([5], 0, [0])], [0], graphed=True)
+
+
+@pytest.mark.parametrize(("here", "other", "votes", "kept", "why"), [
+    ((True, True), (True, True), [1, 1], True, ""),
+    ((True, False), (True, True), [1, 0], False, "capture failed here (RuntimeError: capture broke)"),
+    ((True, True), (True, False), [1, 1], False, "capture failed on another rank"),
+    ((False, None), (True, True), [0], False, "the Triton attention does not run on every rank"),
+    ((True, None), (False, None), [1], False, "the Triton attention does not run on every rank"),
+])
+def test_tp_ranks_keep_graphs_only_if_every_rank_captured(tiny_llama_ws, monkeypatch, caplog, here, other, votes,
+                                                          kept, why) -> None:
+    """here / other: (the Triton attention runs, the capture succeeds) on this rank and on the other one."""
+    from lmd.turbomind import model_runner
+
+    runner = _engine(tiny_llama_ws[1]).runner
+    runner.world, runner.tp = 2, 2  # as a tp = 2 rank sees it; the other rank votes through the fake collective
+    mine, theirs = [], iter(int(v) for v in other if v is not None)
+    monkeypatch.setattr(model_runner, "all_reduce_min", lambda v, device: mine.append(v) or min(v, next(theirs)))
+    monkeypatch.setattr(runner, "_graphs_supported", lambda cfg: here[0])
+
+    def capture(capture: bool) -> None:
+        if not here[1]:
+            raise RuntimeError("capture broke")
+        runner.graphs = "captured"
+
+    monkeypatch.setattr(runner, "enable_decode_graphs", capture)
+    runner._start_decode_graphs(None)
+    assert mine == votes
+    assert (runner.graphs == "captured") is kept
+    assert (f"decode CUDA graphs off at tp=2: {why}" in caplog.text) is not kept
+
+
+def test_one_rank_raises_a_capture_failure(tiny_llama_ws, monkeypatch) -> None:
+    runner = _engine(tiny_llama_ws[1]).runner
+    monkeypatch.setattr(runner, "_graphs_supported", lambda cfg: True)
+    monkeypatch.setattr(runner, "enable_decode_graphs", lambda capture: (_ for _ in ()).throw(RuntimeError("broke")))
+    with pytest.raises(RuntimeError, match="broke"):
+        runner._start_decode_graphs(None)
