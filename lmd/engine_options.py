@@ -126,7 +126,7 @@ EnforceEagerOpt = Annotated[
     typer.Option(
         "--enforce-eager",
         help="Launch every decode step's kernels from Python instead of replaying CUDA graphs captured at start "
-        "(graphs are the default on CUDA with tp 1; eager saves their start-up time and memory).",
+        "(graphs are the default on CUDA with pp 1; eager saves their start-up time and memory).",
     ),
 ]
 

@@ -28,12 +28,18 @@ sequence in it: on a GPU a few rows more cost far less than the launches of an e
 
 Without capture (`capture=False`: the CPU tests) the same buffers run the model eagerly, so the padding, the
 scratch block and the metadata are checked where no GPU is.
+
+With tensor parallelism every rank captures its own graphs, NCCL's all-reduces inside, bucket by bucket in the same
+order; a worker rank's graphs stop at the final norm (`logits=False`: rank 0 alone needs the logits). The warm-up
+forward before each capture runs the collectives for real, so the ranks go in step; the capture itself runs none, and
+`agree` lets the ranks decide together after each bucket whether every capture succeeded, so that a failure stops all
+of them at the same bucket (`CaptureFailed`) rather than leaving one rank at a collective the others never reach.
 """
 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -44,6 +50,10 @@ from lmd.turbomind.model import LlamaModel
 from lmd.turbomind.paged_attention import decode_graph_meta
 
 Chunk = tuple[list[int], int, list[int]]  # (token ids of this step, start position, block table)
+
+
+class CaptureFailed(RuntimeError):
+    """A rank's capture of a bucket failed (here or on another rank: `DecodeGraphs.capture_all`'s `agree`)."""
 
 
 def _zeros(count: int) -> array:
@@ -59,11 +69,13 @@ def batch_buckets(max_batch: int) -> list[int]:
 
 class DecodeGraphs:
     def __init__(self, model: LlamaModel, cache: KVCache, scratch_block: int, max_batch: int, max_context: int,
-                 device: torch.device, capture: bool, tokens: int = 1, pool: tuple | None = None) -> None:
+                 device: torch.device, capture: bool, tokens: int = 1, pool: tuple | None = None,
+                 logits: bool = True) -> None:
         """`tokens`: T, the most tokens a sequence computes per step; `pool`: another DecodeGraphs' memory pool
-        (`pool()`) to capture into, so graphs of different T share their activation memory."""
+        (`pool()`) to capture into, so graphs of different T share their activation memory; `logits`: False on a
+        tensor-parallel worker rank (the layers and the final norm only: `run` returns nothing)."""
         self.model, self.cache, self.device, self.capture = model, cache, device, capture
-        self.tokens = tokens
+        self.tokens, self.logits = tokens, logits
         self.block_size = cache.block_size
         self.scratch_slot = scratch_block * self.block_size
         self.max_context = max_context
@@ -115,18 +127,37 @@ class DecodeGraphs:
             graph, logits = self.graphs[b]  # every bucket was captured at start (capture_all)
             graph.replay()
         else:
-            logits = self.model.forward(self._batch(b, q_lens, ctx_lens), self.cache)
+            logits = self._forward(self._batch(b, q_lens, ctx_lens))
+        if not self.logits:
+            return torch.empty(0)
         if wanted == list(range(len(wanted))):  # decode steps: the first rows, in order
             return logits[: len(wanted)].clone()
         return logits.index_select(0, to_device(wanted, torch.int64, self.device))
 
+    def _forward(self, batch: ForwardBatch) -> torch.Tensor:
+        return self.model.forward(batch, self.cache) if self.logits else self.model.hidden_states(batch, self.cache)
+
     @torch.inference_mode()
-    def capture_all(self) -> None:
-        """Capture every bucket now (largest first: the smaller graphs reuse its memory pool)."""
-        if self.capture:
-            for b in reversed(self.buckets):
-                self._fill([], b)
-                self.graphs[b] = self._capture(b)
+    def capture_all(self, agree: Callable[[bool], bool] | None = None) -> None:
+        """Capture every bucket now (largest first: the smaller graphs reuse its memory pool). `agree` (tensor
+        parallelism): given whether this rank's capture of a bucket succeeded, whether every rank's did; if not,
+        every rank drops its graphs and raises CaptureFailed at the same bucket."""
+        if not self.capture:
+            return
+        for b in reversed(self.buckets):
+            self._fill([], b)
+            batch = self._warm_up(b)
+            failure: Exception | None = None
+            try:
+                self.graphs[b] = self._capture(batch)
+            except Exception as exc:
+                if agree is None:
+                    raise
+                failure = exc
+            if agree is not None and not agree(failure is None):
+                self.graphs.clear()
+                where = f"here: {type(failure).__name__}: {failure}" if failure else "on another rank"
+                raise CaptureFailed(f"capturing the decode graph of batch {b} failed {where}") from failure
 
     def _fill(self, chunks: Sequence[Chunk], b: int) -> tuple[list[int], list[int], list[int]]:
         """Copy the step into the static buffers; -> (padded row of each token of the flat batch, n_i, context
@@ -174,14 +205,19 @@ class DecodeGraphs:
                             self.seq_lens[: b * t], tuple(range(0, b * t, t)), tuple(q_lens), tuple(ctx_lens), tables,
                             self.logit_rows[: b * t], self.metas[b])
 
-    def _capture(self, b: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def _warm_up(self, b: int) -> ForwardBatch:
+        """Bucket b's batch, run once eagerly: compiles kernels, tunes W4A16 plans, grows workspaces (and, with
+        tensor parallelism, runs the all-reduces for real)."""
         batch = self._batch(b, [1] * b, [1] * b)  # the host tuples are not read by the captured (Triton) path
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
-            self.model.forward(batch, self.cache)  # warm-up: compiles kernels, tunes W4A16 plans, grows workspaces
+            self._forward(batch)
         torch.cuda.current_stream(self.device).wait_stream(stream)
+        return batch
+
+    def _capture(self, batch: ForwardBatch) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool()):
-            logits = self.model.forward(batch, self.cache)
-        return graph, logits
+            out = self._forward(batch)
+        return graph, out

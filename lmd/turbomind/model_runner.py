@@ -14,7 +14,7 @@ import torch
 
 from lmd.errors import LmdError
 from lmd.turbomind.config import EngineConfig, ModelConfig
-from lmd.turbomind.decode_graph import DecodeGraphs
+from lmd.turbomind.decode_graph import CaptureFailed, DecodeGraphs
 from lmd.turbomind.forward_batch import ForwardBatch, InflightIds, patch_inflight
 from lmd.turbomind.kv_cache import KVCache, block_bytes, plan_num_blocks
 from lmd.turbomind.kv_int8 import StaticKVParams
@@ -176,27 +176,25 @@ class ModelRunner:
 
     def _start_decode_graphs(self, engine_cfg: EngineConfig) -> None:
         """Capture the decode graphs. With tp > 1 each rank captures its own, NCCL's all-reduces inside, in the same
-        order (the warm-up forward before each capture runs the collectives for real, so the ranks go in step), and
-        a step replays them on every rank or on none: the ranks agree first that every one can capture, then that
-        every one did; otherwise all of them run their steps eagerly."""
+        order, and a step replays them on every rank or on none: the ranks first agree that every one can capture
+        (the Triton attention), then after each bucket that every capture succeeded (`DecodeGraphs.capture_all`); a
+        failed capture anywhere leaves all of them decoding eagerly. A failure in the warm-up forward before a capture
+        is an error, as in any step."""
         supported = self._graphs_supported(engine_cfg)
-        if self.world > 1 and not all_reduce_min(int(supported), self.device):
-            _log.warning("decode CUDA graphs off at tp=%d: the Triton attention does not run on every rank", self.tp)
-            return
+        if self.world > 1:
+            everywhere = all_reduce_min(int(supported), self.device)
+            if everywhere != -all_reduce_min(-int(supported), self.device):
+                _log.warning("decode CUDA graphs off at tp=%d: the Triton attention runs on some ranks only", self.tp)
+            if not everywhere:
+                return
         if not supported:
             return
-        failure: Exception | None = None
+        agree = None if self.world == 1 else (lambda ok: bool(all_reduce_min(int(ok), self.device)))
         try:
-            self.enable_decode_graphs(capture=True)
-        except Exception as exc:
-            if self.world == 1:
-                raise
-            failure, self.graphs = exc, None
-        if self.world > 1 and not all_reduce_min(int(failure is None), self.device):
+            self.enable_decode_graphs(capture=True, agree=agree)
+        except CaptureFailed as exc:  # raised on every rank at the same bucket
             self.graphs = None
-            _log.warning("decode CUDA graphs off at tp=%d: %s; steps run eagerly", self.tp,
-                         f"capture failed here ({type(failure).__name__}: {failure})" if failure is not None
-                         else "capture failed on another rank")
+            _log.warning("decode CUDA graphs off at tp=%d: %s; steps run eagerly", self.tp, exc)
 
     def _graphs_supported(self, engine_cfg: EngineConfig) -> bool:
         """Captured steps must run the Triton attention (the reference path loops over host-side lengths)."""
@@ -206,15 +204,16 @@ class ModelRunner:
         q = torch.empty(1, heads, self.model.cfg.size_per_head, dtype=self.dtype, device=self.device)
         return triton_attention_runs(q, self.cache, engine_cfg.use_context_fmha)
 
-    def enable_decode_graphs(self, capture: bool) -> None:
+    def enable_decode_graphs(self, capture: bool, agree: Callable[[bool], bool] | None = None) -> None:
         """Run decode steps on the static buffers of `DecodeGraphs` (capture=False: eagerly, e.g. on CPU); verification
-        graphs are dropped (`enable_verify_graphs` adds them again, in the new mode)."""
+        graphs are dropped (`enable_verify_graphs` adds them again, in the new mode). A worker rank's graphs stop at
+        the final norm. `agree`: tp > 1, see `_start_decode_graphs`."""
         if not self._scratch:
             raise LmdError("decode graphs need the scratch block: cuda_graph=True and pp=1")
         self.graphs = DecodeGraphs(self.model, self.cache, self.cache.num_blocks - 1, self._max_batch,
-                                   self._session_len, self.device, capture)
+                                   self._session_len, self.device, capture, logits=self.rank == 0)
         self.verify_graphs = {}
-        self.graphs.capture_all()  # at start, as vLLM does: the first step of each batch size is not slowed
+        self.graphs.capture_all(agree)  # at start, as vLLM does: the first step of each batch size is not slowed
 
     def enable_verify_graphs(self, tokens: int) -> None:
         """Graphs of steps of up to `tokens` tokens per sequence (a speculative chain's 1 + K), beside the decode

@@ -46,7 +46,7 @@ class TPWorkers:
                 raise self._failure(None)
 
     def send(self, message: Any) -> None:
-        """The step's batch (chunks, logit rows) to every worker."""
+        """The step's batch (chunks, logit rows, whether the driver replays its decode graph) to every worker."""
         if self._broken is not None:
             raise self._broken
         self.check_alive()

@@ -177,8 +177,8 @@ def tuner_configs(bucket: int, n: int, k: int, group: int) -> list[WgmmaConfig]:
 def offered_configs(bucket: int, n: int, k: int, group: int, every: bool) -> list[WgmmaConfig]:
     """What the tuner offers: every config (`LMD_W4A16_CUDA=1`), or by default the RS ones from DEFAULT_MIN_ROWS
     (on an H100 the SS form lost everywhere, and from 256 rows the RS form ties or beats the Triton plans and
-    dequantize+cuBLAS: docs/benchmarks.md, twenty-fifth session). Depth 3 passes the GPU checks but was never faster
-    than depth 1 on an H100 (at best 1 % faster, at worst 9 % slower: twenty-sixth session)."""
+    dequantize+cuBLAS: docs/benchmarks.md, twenty-fifth session). Depth 3 passes the GPU checks but was never more than
+    1 % faster than depth 1 on an H100 (within noise; at worst 9 % slower: twenty-sixth session)."""
     configs = tuner_configs(bucket, n, k, group)
     return configs if every else [c for c in configs if c.rs and c.depth == 1 and bucket >= DEFAULT_MIN_ROWS]
 
