@@ -10,6 +10,8 @@ stages); those needing more GPUs than the machine has are skipped. For each layo
 1. greedy tokens of --check-prompts random prompts x --check-tokens new tokens, against the 1x1 run: identical, or
    the first (prompt, token) where they differ (reductions in another order may flip a near tie);
 2. decode ms/token at each batch size (lmd.bench's latency run: --input-len in, --output-len out).
+The layouts of --eager-layouts run once more with decode CUDA graphs off ("2x1 eager"): what the graphs give at tp > 1,
+where each rank replays its own with NCCL inside (the table's "graphs" column says whether a layout captured them).
 Then, for each tp of the layouts, tp ranks all-reduce a [batch, hidden] fp16 tensor (what a decoder layer reduces,
 twice a layer) and, for the bus bandwidth, tensors of 16 MiB to 1 GiB: bytes x 2 (tp - 1) / tp / time, the figure
 NCCL's all_reduce_perf reports as busbw. NCCL on CUDA (gloo on CPU), NVLink multicast off in every process
@@ -79,9 +81,9 @@ def fits(shape: dict, tp: int, pp: int) -> str | None:
     return None
 
 
-def engine_options(args: argparse.Namespace, tp: int, pp: int) -> dict:
+def engine_options(args: argparse.Namespace, tp: int, pp: int, graphs: bool = True) -> dict:
     options = dict(device=args.device, dtype=args.dtype, tp=tp, pp=pp, session_len=args.session_len,
-                   max_batch_size=max(max(args.batch_sizes), args.check_prompts))
+                   max_batch_size=max(max(args.batch_sizes), args.check_prompts), cuda_graph=graphs)
     if args.tiny:  # a small KV pool: the CPU holds one per rank
         options.update(cache_max_entry_count=64, max_context_token_num=64)
     return options
@@ -105,11 +107,12 @@ def first_difference(got: list[list[int]], want: list[list[int]]) -> list[int] |
     return None
 
 
-def run_layout(ws: Path, args: argparse.Namespace, tp: int, pp: int, prompts: list[list[int]]) -> dict:
+def run_layout(ws: Path, args: argparse.Namespace, tp: int, pp: int, prompts: list[list[int]],
+               graphs: bool = True) -> dict:
     from lmd.turbomind.engine import Engine
 
     start = time.perf_counter()
-    with Engine(ws, **engine_options(args, tp, pp)) as engine:
+    with Engine(ws, **engine_options(args, tp, pp, graphs)) as engine:
         result: dict = {"start_s": time.perf_counter() - start, "decode_graphs": engine.runner.graphs is not None}
         result["tokens"] = greedy_tokens(engine, prompts, args.check_tokens)
         config = LatencyConfig(args.input_len, args.output_len, tuple(args.batch_sizes), args.warmup, args.iters,
@@ -187,6 +190,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tiny", action="store_true", help="tiny model on CPU with gloo and small defaults (script check)")
     p.add_argument("--shapes", help="comma list of 7b, 13b, 70b (default 7b,13b; tiny: tiny)")
     p.add_argument("--layouts", help="comma list of TPxPP (default 1x1,2x1,4x1,8x1,1x2,2x2; tiny 1x1,2x1,1x2)")
+    p.add_argument("--eager-layouts", default="2x1",
+                   help="comma list of TPxPP run again with decode CUDA graphs off ('' for none)")
     p.add_argument("--workspace-tp", type=int, default=1, help="ranks the workspace's weight files are cut for")
     p.add_argument("--batch-sizes", help="decode batch sizes (default 1,64; tiny 1,2)")
     p.add_argument("--input-len", type=int, help="prompt tokens of the latency runs (default 128; tiny 8)")
@@ -211,6 +216,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if shape not in SHAPES or (shape == "tiny") != args.tiny:
             raise SystemExit(f"--shapes {shape}: one of 7b, 13b, 70b (tiny only with --tiny)")
     args.layouts = [parse_layout(v) for v in args.layouts.split(",")]
+    args.eager_layouts = [parse_layout(v) for v in args.eager_layouts.split(",") if v]
     if (1, 1) not in args.layouts:
         args.layouts.insert(0, (1, 1))  # the reference of the token check
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
@@ -223,18 +229,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def print_tables(results: dict, args: argparse.Namespace) -> None:
     print(f"\n{results['gpus']} x {results['gpu']}: greedy tokens against 1x1 and decode ms/token by layout (tp x pp)")
-    print(f"{'shape':>6} {'layout':>7} {'tokens':>16} " + "".join(f"{f'batch {b}':>10}" for b in args.batch_sizes)
-          + f" {'b1 / 1x1':>9}")
+    print(f"{'shape':>6} {'layout':>9} {'graphs':>6} {'tokens':>16} "
+          + "".join(f"{f'batch {b}':>10}" for b in args.batch_sizes) + f" {'b1 / 1x1':>9}")
     for shape, r in results["shapes"].items():
         base = r["layouts"].get("1x1", {}).get("decode_ms", {})
         for layout, v in r["layouts"].items():
             if "skipped" in v:
-                print(f"{shape:>6} {layout:>7} skipped: {v['skipped']}")
+                print(f"{shape:>6} {layout:>9} skipped: {v['skipped']}")
                 continue
             tokens = "identical" if v["first_difference"] is None else f"differ at {v['first_difference']}"
             cells = "".join(f"{v['decode_ms'][b]:10.2f}" for b in args.batch_sizes)
             ratio = v["decode_ms"][args.batch_sizes[0]] / base[args.batch_sizes[0]] if base else float("nan")
-            print(f"{shape:>6} {layout:>7} {tokens:>16} {cells} {ratio:9.2f}")
+            graphs = "yes" if v["decode_graphs"] else "no"
+            print(f"{shape:>6} {layout:>9} {graphs:>6} {tokens:>16} {cells} {ratio:9.2f}")
     print("\nall-reduce µs (the layer's [batch, hidden], twice a decoder layer) and bus bandwidth GB/s "
           "(bytes x 2(tp-1)/tp / time)")
     for tp, shapes in results["all_reduce"].items():
@@ -264,13 +271,14 @@ def main(argv: list[str] | None = None) -> None:
                                  tp=args.workspace_tp)
             print(f"[{name}] workspace written in {time.perf_counter() - start:.0f} s", flush=True)
             layouts: dict = {}
-            for tp, pp in args.layouts:
-                label = f"{tp}x{pp}"
+            runs = [(tp, pp, True) for tp, pp in args.layouts] + [(tp, pp, False) for tp, pp in args.eager_layouts]
+            for tp, pp, graphs in runs:
+                label = f"{tp}x{pp}" + ("" if graphs else " eager")
                 why = fits(shape, tp, pp) or (f"{tp * pp} ranks, {gpus} GPUs" if tp * pp > gpus else None)
                 if why:
                     layouts[label] = {"skipped": why}
                     continue
-                r = run_layout(ws, args, tp, pp, prompts)
+                r = run_layout(ws, args, tp, pp, prompts, graphs)
                 reference = layouts.get("1x1", r)["tokens"]
                 r["first_difference"] = first_difference(r["tokens"], reference)
                 layouts[label] = r

@@ -31,18 +31,19 @@ def test_tiny_run_checks_tokens_times_layouts_and_all_reduces(script, tmp_path, 
                  "--reps", "3"])
     results = json.loads((tmp_path / "multi_gpu.json").read_text())
     layouts = results["shapes"]["tiny"]["layouts"]
-    assert list(layouts) == ["1x1", "2x1", "1x2", "4x1"]  # 1x1 first: the tokens' reference
+    assert list(layouts) == ["1x1", "2x1", "1x2", "4x1", "2x1 eager"]  # 1x1 first: the tokens' reference
     assert "--tp 4 does not divide head_num=4, kv_head_num=2" in layouts["4x1"]["skipped"]
-    for label in ("1x1", "2x1", "1x2"):
+    for label in ("1x1", "2x1", "1x2", "2x1 eager"):
         r = layouts[label]
         assert r["first_difference"] is None and len(r["tokens"]) == 3 and all(len(t) == 6 for t in r["tokens"])
         assert set(r["decode_ms"]) == {"1", "2"} and all(ms > 0 for ms in r["decode_ms"].values())
     assert layouts["2x1"]["tokens"] == layouts["1x1"]["tokens"]
+    assert not any(layouts[label]["decode_graphs"] for label in ("1x1", "2x1", "2x1 eager"))  # none on a CPU
     timings = results["all_reduce"]["2"]["tiny"]
     assert set(timings["us"]) == {"layer batch 1", "layer batch 2", "1 MiB", "4 MiB"}
     assert all(v > 0 for v in timings["us"].values()) and all(v > 0 for v in timings["bus_gb_s"].values())
     out = capsys.readouterr().out
-    assert "2x1        identical" in out and "busbw" in out
+    assert "      2x1     no        identical" in out and "2x1 eager" in out and "busbw" in out
 
 
 def test_first_difference_names_prompt_and_token(script):
