@@ -135,13 +135,16 @@ def test_tune_drops_a_faster_plan_whose_output_is_wrong(monkeypatch) -> None:
         y = w4a16_matmul_reference(x, *weights)
         return y if plan == right else y.flip(1)
 
-    def time_ms(fn, flush) -> float:
-        fn()
-        return times[ran[-1]]
+    def timer(x, weights, kind):
+        def time_ms(fn) -> float:
+            fn(*weights)
+            return times[ran[-1]]
+
+        return time_ms
 
     monkeypatch.setattr(w4a16, "compile_all", lambda *args: None)
     monkeypatch.setattr(w4a16, "run_plan", run)
-    monkeypatch.setattr(w4a16, "cold_call_ms", time_ms)
+    monkeypatch.setattr(w4a16, "candidate_timer", timer)
     best, log = w4a16.tune(1, qw, s, z, torch.float16, [wrong, right])
     assert best == right and [name for name, _ in log] == [right.name()]
     best, log = w4a16.tune(1, qw, s, z, torch.float16, [wrong])  # nothing right: the untuned default
