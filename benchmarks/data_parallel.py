@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 SCRIPT = Path(__file__).with_name("serving_workloads.py")
+# NVLink multicast off in every process of a multi-GPU run (issue 21; multi_gpu.py sets it too)
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 

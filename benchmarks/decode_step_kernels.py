@@ -183,17 +183,17 @@ def main() -> None:
             del engine  # its weights and KV pool go before the next engine sizes its own
             gc.collect()
             torch.cuda.empty_cache()
-            replay, gaps = None, None
+            replay, graph_timeline = None, None
             if not args.prefill:
                 engine = decoding_engine(ws, args, context, cuda_graph=True, device=device)
                 replay, replay_timeline, replay_kernels = graph_step_ms(engine, args.steps)
                 per_step = 1e3 * args.steps  # µs over the profiled replays -> ms a step
-                gaps = {"span_ms": replay_timeline.span_us / per_step, "busy_ms": replay_timeline.busy_us / per_step,
-                        "idle_ms": replay_timeline.idle_us / per_step,
-                        "kernels_ms": replay_kernels,
-                        "gaps_ms": [{"after": a, "before": b, "ms": us / per_step,
-                                     "per_step": replay_timeline.gap_counts[(a, b)] / args.steps}
-                                    for (a, b), us in replay_timeline.gaps_us.items()]}
+                graph_timeline = {"span_ms": replay_timeline.span_us / per_step,
+                                  "busy_ms": replay_timeline.busy_us / per_step,
+                                  "idle_ms": replay_timeline.idle_us / per_step, "kernels_ms": replay_kernels,
+                                  "gaps_ms": [{"after": a, "before": b, "ms": us / per_step,
+                                               "per_step": replay_timeline.gap_counts[(a, b)] / args.steps}
+                                              for (a, b), us in replay_timeline.gaps_us.items()]}
                 engine.close()
                 del engine
                 gc.collect()
@@ -203,7 +203,8 @@ def main() -> None:
                 groups[group_of(name)] += ms
             results["contexts"][context] = {"graph_replay_ms": replay, "kernel_sum_ms": sum(kernels.values()),
                                             "groups_ms": dict(groups), "kernels_ms": kernels,
-                                            "w4a16_by_linear": by_linear, "graph_timeline": gaps}
+                                            "w4a16_by_linear": by_linear,
+                                            "graph_timeline": graph_timeline}
     Path(os.environ.get("OUT", "."), "decode_step_kernels.json").write_text(json.dumps(results, indent=1))
     for context, r in results["contexts"].items():
         kv = "int8" if args.quant_policy == 4 else "fp16"

@@ -35,13 +35,13 @@ import tempfile
 import time
 from pathlib import Path
 
-for _name in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):  # before any NCCL
-    os.environ[_name] = "0" if _name == "NCCL_NVLS_ENABLE" else "1"
-
-import torch  # noqa: E402
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from data_parallel import NO_MULTICAST  # noqa: E402
+
+os.environ.update(NO_MULTICAST)  # before any NCCL
+
+import torch  # noqa: E402
 from engine import LLAMA2_7B, SHAPE_KEYS, TINY, build_workspace  # noqa: E402
 
 from lmd.bench.latency import LatencyConfig, run_latency  # noqa: E402

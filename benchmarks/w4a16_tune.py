@@ -43,7 +43,7 @@ def write_table(rows: list[dict], gpu: str, out: Path) -> Path:
     timer = tune_timer()
     path = out / shipped.table_file(gpu, timer).name
     shapes = ",".join(dict.fromkeys(f"{r['n']}x{r['k']}" for r in rows))
-    source = ("LMD_W4A16_TIMER=graph " if timer == "graph" else "") + f"benchmarks/w4a16_tune.py --shapes {shapes}"
+    source = ("" if timer == "cold" else f"LMD_W4A16_TIMER={timer} ") + f"benchmarks/w4a16_tune.py --shapes {shapes}"
     cuda = mma_gemv.cuda_kernels(torch.device("cuda"))
     # by family: under the default the GEMV was offered up to 16 rows only and the wgmma GEMM's RS form from 256 (on
     # sm_90), so a table tuned so never judges the GEMV past 16 rows (where it loses; docs/benchmarks.md,

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from lmd.turbomind.kernels import w4a16_plan_cache as plan_cache
 from lmd.turbomind.kernels.dense_gemv import DenseGemvConfig, dense_gemv
 from lmd.turbomind.kernels.dense_mma import DenseMmaConfig, dense_mma
-from lmd.turbomind.kernels.gpu_timing import graph_call_ms
+from lmd.turbomind.kernels.gpu_timing import cold_copies, graph_call_ms
 
 log = logging.getLogger("lmd.kernels")
 
@@ -129,7 +129,7 @@ def tune(weight: torch.Tensor, rows: int) -> Config | CublasPlan:
     x = torch.randn(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
     ref = F.linear(x.float(), weight.float())
     norm_weight = torch.ones(weight.shape[1], dtype=weight.dtype, device=weight.device)
-    weights = cold_copies(weight)
+    weights = [w for (w,) in cold_copies((weight,))]
 
     def timed(run) -> float:
         return graph_call_ms(lambda w: run(x, w), weights, lambda: add_rms_norm_triton(x, None, norm_weight, 1e-6))
@@ -149,15 +149,3 @@ def tune(weight: torch.Tensor, rows: int) -> Config | CublasPlan:
     if best is None or best[0] >= MARGIN * cublas_ms:
         return CublasPlan()
     return best[1]
-
-
-def cold_copies(weight: torch.Tensor) -> list[torch.Tensor]:
-    """`weight` and as many copies as make more than twice the L2 (fewer where memory is short)."""
-    l2 = torch.cuda.get_device_properties(weight.device).L2_cache_size
-    weights = [weight]
-    while len(weights) * weight.numel() * weight.element_size() <= 2 * l2:
-        try:
-            weights.append(weight.clone())
-        except torch.OutOfMemoryError:
-            break
-    return weights

@@ -60,6 +60,27 @@ def graph_ms(fns: Sequence[Callable[[], object]], reps: int = 7) -> float:
 
 def graph_call_ms(fn: Callable[[W], object], weights: Sequence[W], prelude: Callable[[], object],
                   calls: int = 24) -> float:
-    """GPU time per `prelude(); fn(w)` in a CUDA graph of `calls` of them, w rotating over `weights` (copies worth
-    more than L2: each call finds its weight cold). The prelude's time is included: compare candidates with it."""
+    """GPU time per `prelude(); fn(w)` in a CUDA graph of at least `calls` of them, w rotating over `weights` (copies
+    worth more than L2, `cold_copies`: each call finds its weight cold; every copy is called, or the ones called
+    could fit in L2). The prelude's time is included: compare candidates with it."""
+    calls = max(calls, len(weights))
     return graph_ms([lambda w=weights[i % len(weights)]: (prelude(), fn(w)) for i in range(calls)])
+
+
+def copies_for(set_bytes: int, l2_bytes: int) -> int:
+    """Weight sets (the original and its copies) whose bytes exceed twice the L2."""
+    return 2 * l2_bytes // max(set_bytes, 1) + 1
+
+
+def cold_copies(tensors: tuple[torch.Tensor, ...]) -> list[tuple[torch.Tensor, ...]]:
+    """`tensors` (one weight, or a set such as int4 codes, scales and zeros) and `copies_for` minus one copies of
+    them, fewer where GPU memory is short: a graph rotating over them finds each call's weights cold."""
+    device = tensors[0].device
+    set_bytes = sum(t.numel() * t.element_size() for t in tensors)
+    sets = [tensors]
+    for _ in range(copies_for(set_bytes, torch.cuda.get_device_properties(device).L2_cache_size) - 1):
+        try:
+            sets.append(tuple(t.clone() for t in tensors))
+        except torch.OutOfMemoryError:
+            break
+    return sets

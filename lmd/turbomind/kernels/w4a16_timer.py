@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 
-from lmd.turbomind.kernels.gpu_timing import cold_call_ms, graph_call_ms
+from lmd.turbomind.kernels.gpu_timing import cold_call_ms, cold_copies, graph_call_ms
 
 TIMERS = ("cold", "graph")
 FLUSH_BYTES = 256 << 20  # more than any GPU's L2: the cold timer's flush buffer
@@ -44,25 +44,6 @@ def timer_suffix(timer: str) -> str:
     return "" if timer == "cold" else f".{timer}"
 
 
-def copies_for(set_bytes: int, l2_bytes: int) -> int:
-    """Weight sets (the original and its copies) whose bytes exceed twice the L2: each call of a graph rotating over
-    them finds its weights cold."""
-    return 2 * l2_bytes // max(set_bytes, 1) + 1
-
-
-def cold_weight_sets(weights: WeightSet) -> list[WeightSet]:
-    """`weights` and `copies_for` minus one copies of it (fewer where GPU memory is short)."""
-    device = weights[0].device
-    set_bytes = sum(t.numel() * t.element_size() for t in weights)
-    sets = [weights]
-    for _ in range(copies_for(set_bytes, torch.cuda.get_device_properties(device).L2_cache_size) - 1):
-        try:
-            sets.append(tuple(t.clone() for t in weights))
-        except torch.OutOfMemoryError:
-            break
-    return sets
-
-
 def candidate_timer(x: torch.Tensor, weights: WeightSet, timer: str) -> Timer:
     """A function timing `fn(qweight, scales, zeros)` (ms, the candidate's call on x) the way `timer` says."""
     if timer == "cold":
@@ -70,8 +51,6 @@ def candidate_timer(x: torch.Tensor, weights: WeightSet, timer: str) -> Timer:
         return lambda fn: cold_call_ms(lambda: fn(*weights), flush)
     from lmd.turbomind.kernels.rms_norm import add_rms_norm_triton
 
-    sets = cold_weight_sets(weights)
+    sets = cold_copies(weights)
     norm_weight = torch.ones(x.shape[1], dtype=x.dtype, device=x.device)
-    calls = max(24, len(sets))  # every set once a replay: each call finds its weights cold
-    return lambda fn: graph_call_ms(lambda w: fn(*w), sets, lambda: add_rms_norm_triton(x, None, norm_weight, 1e-6),
-                                    calls)
+    return lambda fn: graph_call_ms(lambda w: fn(*w), sets, lambda: add_rms_norm_triton(x, None, norm_weight, 1e-6))

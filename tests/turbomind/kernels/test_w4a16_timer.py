@@ -1,8 +1,8 @@
-"""The W4A16 tuner's timer setting: its values, and how many weight copies make a graph's calls find cold weights."""
+"""The W4A16 tuner's timer setting, and how many weight copies make a graph's calls find cold weights."""
 
 import pytest
 
-from lmd.turbomind.kernels import w4a16_timer
+from lmd.turbomind.kernels import gpu_timing, w4a16_timer
 
 
 @pytest.fixture(autouse=True)
@@ -35,6 +35,6 @@ def test_suffix_keeps_the_default_names():
 @pytest.mark.parametrize(("set_bytes", "l2"), [(45 << 20, 50 << 20), (8 << 20, 50 << 20), (200 << 20, 50 << 20),
                                                 (50 << 20, 50 << 20)])
 def test_copies_exceed_twice_the_l2(set_bytes, l2):
-    copies = w4a16_timer.copies_for(set_bytes, l2)
+    copies = gpu_timing.copies_for(set_bytes, l2)
     assert copies * set_bytes > 2 * l2
     assert (copies - 1) * set_bytes <= 2 * l2  # no more than needed
