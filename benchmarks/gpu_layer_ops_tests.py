@@ -21,11 +21,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.kernels import graph_time_us  # noqa: E402
+from lmd.turbomind.kernels.head_rms_norm import qk_rms_norm_triton  # noqa: E402
 from lmd.turbomind.kernels.rms_norm import add_rms_norm_triton  # noqa: E402
 from lmd.turbomind.kernels.rotary import rotary_qkv_triton  # noqa: E402
 from lmd.turbomind.kernels.silu_mul import silu_mul_triton  # noqa: E402
 from lmd.turbomind.kv_cache import KVCache  # noqa: E402
-from lmd.turbomind.layers import add_rms_norm_reference, silu_mul_reference  # noqa: E402
+from lmd.turbomind.layers import add_rms_norm_reference, qk_rms_norm_reference, silu_mul_reference  # noqa: E402
 from lmd.turbomind.rope import rotary_qkv_reference  # noqa: E402
 
 HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM = 4096, 11008, 32, 32, 128
@@ -57,6 +58,14 @@ def cases(t: int, dtype: torch.dtype, dev: torch.device) -> list[dict]:
                     kernel_us=graph_us(lambda: silu_mul_triton(gu)),
                     reference_us=graph_us(lambda: silu_mul_reference(gu))))
     qkv = torch.randn(t, (HEADS + 2 * KV_HEADS) * HEAD_DIM, device=dev, generator=g).to(dtype)
+    qk_w = (torch.rand(2, HEAD_DIM, device=dev, generator=g) + 0.5).to(dtype)
+    normed_qkv = qk_rms_norm_triton(qkv.clone(), qk_w, HEADS, KV_HEADS, HEAD_DIM, 1e-6)
+    out.append(dict(op="q/k head rmsnorm", err=rel(normed_qkv, qk_rms_norm_reference(qkv.clone(), qk_w, HEADS,
+                                                                                      KV_HEADS, HEAD_DIM, 1e-6)),
+                    sum_err=0.0, kernel_us=graph_us(lambda: qk_rms_norm_triton(normed_qkv, qk_w, HEADS, KV_HEADS,
+                                                                               HEAD_DIM, 1e-6)),
+                    reference_us=graph_us(lambda: qk_rms_norm_reference(normed_qkv, qk_w, HEADS, KV_HEADS,
+                                                                        HEAD_DIM, 1e-6))))
     angles = torch.rand(t, HEAD_DIM // 2, device=dev, generator=g) * 100
     cos, sin = torch.cat((angles, angles), -1).cos().to(dtype), torch.cat((angles, angles), -1).sin().to(dtype)
     cache = KVCache(1, -(-t // 64) + 1, 64, KV_HEADS, HEAD_DIM, dtype, dev)

@@ -35,6 +35,9 @@ class ArchSpec:
     down: str = "mlp.down_proj"
     mlp: str = "mlp"
     qkv_bias: bool = False
+    qk_norm: bool = False  # an RMSNorm over each head of q and of k before RoPE (Qwen3), weight [head_dim]
+    q_norm: str = "self_attn.q_norm"
+    k_norm: str = "self_attn.k_norm"
 
     @property
     def linears(self) -> tuple[str, ...]:
@@ -45,6 +48,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     "llama": ArchSpec("llama"),
     "mistral": ArchSpec("mistral"),
     "qwen2": ArchSpec("qwen2", qkv_bias=True),
+    "qwen3": ArchSpec("qwen3", qk_norm=True),
 }
 
 
@@ -52,7 +56,7 @@ def get_arch(config: PretrainedConfig) -> ArchSpec:
     model_type = getattr(config, "model_type", None)
     if model_type not in ARCHITECTURES:
         raise LmdError(f"model_type {model_type!r} is not supported; supported: {', '.join(sorted(ARCHITECTURES))} "
-                       "(Llama 1/2/3 and SmolLM are 'llama')")
+                       "(Llama 1/2/3 and SmolLM are 'llama', Qwen2.5 is 'qwen2')")
     return ARCHITECTURES[model_type]
 
 

@@ -17,7 +17,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def build_tiny_model(path: Path, model_type: str = "llama", dtype: str = "float32", **overrides) -> Path:
-    """Save a tiny random model of `model_type` (llama, mistral, qwen2) with a real tokenizer when one is at hand."""
+    """Save a tiny random model of `model_type` (llama, mistral, qwen2, qwen3) with a real tokenizer when one is at
+    hand."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -28,6 +29,9 @@ def build_tiny_model(path: Path, model_type: str = "llama", dtype: str = "float3
     config = AutoConfig.for_model(model_type, **kwargs)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config).to(getattr(torch, dtype))
+    for name, param in model.named_parameters():  # HF starts q/k norms (Qwen3) at ones: a swap would pass unseen
+        if name.endswith(("q_norm.weight", "k_norm.weight")):
+            param.data.uniform_(0.5, 1.5)
     model.save_pretrained(path)
     tok = smollm2_tokenizer()
     if tok is not None:

@@ -28,6 +28,7 @@ class ModelDims:
     vocab: int
     tie_word_embeddings: bool
     qkv_bias: bool
+    qk_norm: bool = False
 
     @classmethod
     def from_config(cls, config: PretrainedConfig, where: str) -> ModelDims:
@@ -44,7 +45,7 @@ class ModelDims:
         return cls(head_num=heads, kv_head_num=kv_heads, head_dim=head_dim, hidden=int(config.hidden_size),
                    inter=int(config.intermediate_size), num_layer=int(config.num_hidden_layers),
                    vocab=int(config.vocab_size), tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
-                   qkv_bias=has_qkv_bias(config))
+                   qkv_bias=has_qkv_bias(config), qk_norm=get_arch(config).qk_norm)
 
 
 def session_len(config: PretrainedConfig) -> int:
@@ -127,5 +128,6 @@ def build_workspace_config(*, model_name: str, config: PretrainedConfig, dims: M
         rotary_embedding=dims.head_dim,
         max_position_embeddings=int(config.max_position_embeddings),
         tie_word_embeddings=int(dims.tie_word_embeddings),
+        qk_norm=int(dims.qk_norm),
         **rope_fields(config, where),  # type: ignore[arg-type]
     )

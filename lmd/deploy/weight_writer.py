@@ -104,6 +104,9 @@ class WeightWriter:
         if dims.qkv_bias:
             bias = tuple(self.vector(f"{src}{m}.bias", n) for m, n in ((arch.q, qn), (arch.k, kvn), (arch.v, kvn)))
         self.put_all_ranks({f"{dst}attention_norm.weight": self.vector(f"{src}{arch.attn_norm}.weight", h)})
+        if dims.qk_norm:  # one [head_dim] weight for every head: whole on every rank
+            self.put_all_ranks({f"{dst}attention.{n}_norm.weight": self.vector(f"{src}{m}.weight", dims.head_dim)
+                                for n, m in (("q", arch.q_norm), ("k", arch.k_norm))})
         self.put_split(self.fused(src, [arch.q, arch.k, arch.v], [q, k, v]).tensors(f"{dst}attention.w_qkv"))
         if bias is not None:
             self.put_split({f"{dst}attention.w_qkv.bias": torch.cat(bias)})

@@ -70,6 +70,9 @@ def reconstruct_hf_state_dict(workspace: str | Path) -> dict[str, torch.Tensor]:
         src, hf = f"layers.{i}.", f"{arch.layers}.{i}."
         out[f"{hf}{arch.attn_norm}.weight"] = whole[f"{src}attention_norm.weight"]
         out[f"{hf}{arch.mlp_norm}.weight"] = whole[f"{src}ffn_norm.weight"]
+        if cfg.qk_norm:
+            out[f"{hf}{arch.q_norm}.weight"] = whole[f"{src}attention.q_norm.weight"]
+            out[f"{hf}{arch.k_norm}.weight"] = whole[f"{src}attention.k_norm.weight"]
         for module, part in zip((arch.q, arch.k, arch.v), _dense(whole, f"{src}attention.w_qkv").split(qkv_parts),
                                 strict=True):
             out[f"{hf}{module}.weight"] = part

@@ -7,9 +7,10 @@ min, absmax per (kv head, head dim).
 Means are exact token means (float64 running sums / token count), so they do not depend on how samples are batched
 (LMDeploy averages per-batch means instead). Everything is exported as float32 on the CPU.
 
-Keys are rebuilt from k_proj's output with the `apply_rotary_pos_emb` of the layer's own modeling module and the
-`position_embeddings` (cos, sin) the layer receives, i.e. the same ops the attention forward runs before the cache
-update; tests compare them with the `past_key_values` of a full HF forward.
+Keys are rebuilt from k_proj's output (k_norm's where the architecture normalises each key head: Qwen3) with the
+`apply_rotary_pos_emb` of the layer's own modeling module and the `position_embeddings` (cos, sin) the layer
+receives, i.e. the same ops the attention forward runs before the cache update; tests compare them with the
+`past_key_values` of a full HF forward.
 """
 
 from __future__ import annotations
@@ -217,7 +218,7 @@ class LayerHooks:
             if self._rope is None:
                 raise RuntimeError(f"{self.layer_name}: k_proj ran outside its attention forward")
             cos, sin = self._rope
-            keys = self._heads(out)
+            keys = out.transpose(1, 2) if self.arch.qk_norm else self._heads(out)  # k_norm gives [b, s, heads, d]
             _, rotated = apply_rope(keys, keys, cos, sin)
             k_obs.observe(rotated)
 
@@ -225,7 +226,8 @@ class LayerHooks:
             v_obs.observe(self._heads(out))
 
         self._handles.append(attn.register_forward_pre_hook(grab_rope, with_kwargs=True))
-        self._handles.append(get_module(self.layer, self.arch.k).register_forward_hook(on_keys))
+        keys_from = self.arch.k_norm if self.arch.qk_norm else self.arch.k  # the keys RoPE rotates
+        self._handles.append(get_module(self.layer, keys_from).register_forward_hook(on_keys))
         self._handles.append(get_module(self.layer, self.arch.v).register_forward_hook(on_values))
 
     def _heads(self, projected: torch.Tensor) -> torch.Tensor:

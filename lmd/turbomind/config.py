@@ -47,6 +47,7 @@ class ModelConfig:
     original_max_position_embeddings: int
     max_position_embeddings: int
     tie_word_embeddings: bool
+    qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE (attention.q_norm / k_norm weights, Qwen3)
 
     def __post_init__(self) -> None:
         if self.weight_type not in WEIGHT_TYPES:
@@ -138,7 +139,7 @@ def read_config_ini(path: Path, overrides: dict[str, Any] | None = None) -> tupl
     ini = read_workspace_config(path.parents[2])
     model_values = {f.name: getattr(ini, f.name) for f in fields(ModelConfig) if f.name != "end_ids"}
     model_values.update(end_ids=ini.end_id, attn_bias=bool(ini.attn_bias),
-                        tie_word_embeddings=bool(ini.tie_word_embeddings))
+                        tie_word_embeddings=bool(ini.tie_word_embeddings), qk_norm=bool(ini.qk_norm))
     model = ModelConfig(**model_values)
     engine_kwargs: dict[str, Any] = {name: getattr(ini, name) for name in _ENGINE_INI_KEYS}
     engine_kwargs["use_context_fmha"] = bool(ini.use_context_fmha)

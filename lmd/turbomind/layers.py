@@ -59,3 +59,24 @@ class GatedMLP:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(silu_mul(self.w13(x)))
+
+
+def qk_rms_norm_reference(qkv: torch.Tensor, weight: torch.Tensor, q_heads: int, kv_heads: int, head_dim: int,
+                          eps: float) -> torch.Tensor:
+    """qkv [T, (q_heads + 2 kv_heads) * head_dim] with its q and k heads RMS-normalised in place (weight [2, D]:
+    q's, then k's); returns qkv."""
+    t, d = qkv.shape[0], head_dim
+    q = qkv[:, : q_heads * d].view(t, q_heads, d)
+    k = qkv[:, q_heads * d: (q_heads + kv_heads) * d].view(t, kv_heads, d)
+    q.copy_(rms_norm(q, weight[0], eps))
+    k.copy_(rms_norm(k, weight[1], eps))
+    return qkv
+
+
+def qk_rms_norm(qkv: torch.Tensor, weight: torch.Tensor, q_heads: int, kv_heads: int, head_dim: int,
+                eps: float) -> torch.Tensor:
+    """Qwen3's per-head RMSNorm of q and k before RoPE, in place on the fused projection (one kernel on CUDA)."""
+    kernel = layer_kernel(qkv, "head_rms_norm")
+    if kernel is not None and qkv.dim() == 2 and qkv.stride(-1) == 1:
+        return kernel.qk_rms_norm_triton(qkv, weight, q_heads, kv_heads, head_dim, eps)
+    return qk_rms_norm_reference(qkv, weight, q_heads, kv_heads, head_dim, eps)

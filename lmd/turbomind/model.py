@@ -1,4 +1,4 @@
-"""The Llama-family model (llama, mistral, qwen2) over a flat batch of tokens and the paged KV cache."""
+"""The Llama-family model (llama, mistral, qwen2, qwen3) over a flat batch of tokens and the paged KV cache."""
 
 from __future__ import annotations
 
@@ -32,10 +32,13 @@ class DecoderLayer:
         self.eps, self.reduce = cfg.norm_eps, reduce
         self.attention_norm = weights[p + "attention_norm.weight"].to(dtype)
         self.ffn_norm = weights[p + "ffn_norm.weight"].to(dtype)
+        qk_norm = (torch.stack([weights[p + "attention.q_norm.weight"], weights[p + "attention.k_norm.weight"]])
+                   .to(dtype) if cfg.qk_norm else None)
         self.attention = Attention(i if cache_layer is None else cache_layer,
                                    make_linear(weights, p + "attention.w_qkv", dtype),
                                    make_linear(weights, p + "attention.wo", dtype),
-                                   cfg.head_num // r, cfg.kv_head_num // r, cfg.size_per_head, fused_attention)
+                                   cfg.head_num // r, cfg.kv_head_num // r, cfg.size_per_head, fused_attention,
+                                   qk_norm, cfg.norm_eps)
         self.mlp = GatedMLP(make_linear(weights, p + "feed_forward.w13", dtype),
                             make_linear(weights, p + "feed_forward.w2", dtype))
 

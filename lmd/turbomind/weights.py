@@ -33,6 +33,8 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
                 shapes[f"{p}{name}.weight_scale"] = (n,)
         if cfg.attn_bias:
             shapes[p + "attention.w_qkv.bias"] = ((hq + 2 * hkv) * d,)
+        if cfg.qk_norm:
+            shapes[p + "attention.q_norm.weight"] = shapes[p + "attention.k_norm.weight"] = (d,)
     return shapes
 
 

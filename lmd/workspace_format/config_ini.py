@@ -56,6 +56,7 @@ class WorkspaceConfig:
     use_context_fmha: int = 1
     quant_policy: int = 0
     tie_word_embeddings: int = 0
+    qk_norm: int = 0
 
     def __post_init__(self) -> None:
         if self.weight_type not in WEIGHT_TYPES:

@@ -17,7 +17,7 @@ DOC_KEYS = ["model_name", "model_arch", "tensor_para_size", "head_num", "kv_head
             "rope_scaling_factor", "rope_low_freq_factor", "rope_high_freq_factor", "original_max_position_embeddings",
             "max_position_embeddings", "max_batch_size", "max_context_token_num", "step_length",
             "cache_max_entry_count", "cache_block_seq_len", "cache_chunk_size", "use_context_fmha", "quant_policy",
-            "tie_word_embeddings"]
+            "tie_word_embeddings", "qk_norm"]
 
 
 @pytest.fixture(scope="module")

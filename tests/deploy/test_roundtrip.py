@@ -22,6 +22,7 @@ def _source_state(model_dir) -> dict[str, torch.Tensor]:
     ("mistral", "float32", 2, torch.float16),
     ("qwen2", "float32", 1, torch.float16),
     ("qwen2", "bfloat16", 2, torch.bfloat16),
+    ("qwen3", "float32", 2, torch.float16),
 ])
 def test_float_round_trip_is_exact(tiny_models, tmp_path, model_type, src_dtype, tp, expect):
     src = tiny_models(model_type, src_dtype)
@@ -85,6 +86,7 @@ def test_dtype_flag_float32_keeps_values(tiny_models, tmp_path):
     ("llama", 32, 2),
     ("mistral", 128, 1),
     ("qwen2", 64, 2),
+    ("qwen3", 64, 2),
 ])
 def test_awq_round_trip_matches_dequantized_checkpoint(tiny_awq, tmp_path, model_type, group_size, tp):
     src = tiny_awq(model_type, group_size)

@@ -62,3 +62,28 @@ def test_gemm_directory_reads_back_as_the_fake_quantized_model(tmp_path, model_t
         assert torch.equal(reloaded.state_dict()[key], expected), key
     if smollm2_tokenizer() is not None:
         assert (out / "tokenizer.json").is_file() and "im_start" in (out / "chat_template.jinja").read_text()
+
+
+def test_qwen3_awq_deploys_and_the_engine_matches_its_fake_quantized_model(tmp_path):
+    """Qwen3 end to end: AWQ (search and clip see the per-head q/k norms through the attention they run), the AutoAWQ
+    directory, deploy at tp 2, and the engine's logits against the dequantized model in transformers."""
+    from lmd.deploy.converter import deploy
+    from lmd.turbomind.forward_batch import ForwardBatch
+    from lmd.turbomind.model_runner import ModelRunner
+    from lmd.turbomind.workspace import open_workspace
+
+    model = _load(build_tiny_model(tmp_path / "src", "qwen3", head_dim=32))
+    ids = torch.randint(0, 49152, (4, 32), generator=torch.Generator().manual_seed(0))
+    quantized = quantize_model(model, ids, AwqConfig(group_size=32, batch_size=2, search_tokens=64))
+    out = tmp_path / "awq"
+    out.mkdir()
+    write_awq_model(model, quantized, smollm2_tokenizer(), out, 32, {"method": "awq"})
+    ws = deploy("base", str(out), str(tmp_path / "ws"), group_size=32, tp=2, progress=False)
+    runner = ModelRunner(open_workspace(ws, dtype="fp32", cache_block_seq_len=4, cache_max_entry_count=32))
+    prompt = ids[0, :20].tolist()
+    batch = ForwardBatch.build([(prompt, 0, list(range(5)))], 4, list(range(len(prompt))), runner.device)
+    got = runner.model.forward(batch, runner.cache)
+    with torch.no_grad():
+        expected = load_awq_as_float(out)(torch.tensor([prompt])).logits[0]
+    # the engine keeps each group's zero point as an fp16 offset (-zero * scale): weights differ by an fp16 rounding
+    assert (got - expected).abs().max() / (expected.amax(-1) - expected.amin(-1)).max() < 3e-3

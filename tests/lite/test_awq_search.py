@@ -24,7 +24,8 @@ def _ids(n: int = 4, length: int = 32, seed: int = 0) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("model_type,kv_heads,expect_v_o", [("llama", 2, False), ("llama", 4, True),
-                                                             ("qwen2", 2, False), ("mistral", 4, True)])
+                                                             ("qwen2", 2, False), ("mistral", 4, True),
+                                                             ("qwen3", 2, False)])
 def test_folding_random_scales_preserves_the_float_model(tmp_path, model_type, kv_heads, expect_v_o):
     model = _load(build_tiny_model(tmp_path / "m", model_type, num_key_value_heads=kv_heads))
     if model_type == "qwen2":  # make the qkv bias matter

@@ -1,4 +1,5 @@
-"""Calibration statistics against direct computations on a full HF forward (tiny llama / mistral / qwen2 models)."""
+"""Calibration statistics against direct computations on a full HF forward (tiny llama, mistral, qwen2 and qwen3
+models)."""
 
 from __future__ import annotations
 
@@ -54,6 +55,7 @@ def _channel_reference(x: torch.Tensor) -> dict[str, torch.Tensor]:
     ("llama", {"num_key_value_heads": 4}),      # MHA
     ("mistral", {}),
     ("qwen2", {}),                              # qkv bias: values/keys include it
+    ("qwen3", {"head_dim": 32}),                # per-head k norm before RoPE: keys after it
 ])
 def test_stats_match_full_forward(tmp_path, model_type, overrides):
     model = _load(build_tiny_model(tmp_path / "m", model_type, **overrides))

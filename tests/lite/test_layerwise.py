@@ -18,7 +18,7 @@ def _final_hidden_before_norm(model, input_ids: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("model_type,attn", [("llama", "sdpa"), ("mistral", "sdpa"), ("qwen2", "sdpa"),
-                                             ("llama", "eager")])
+                                             ("qwen3", "sdpa"), ("llama", "eager")])
 def test_layer_by_layer_matches_full_forward(tmp_path, model_type, attn):
     from transformers import AutoModelForCausalLM
 

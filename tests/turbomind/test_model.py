@@ -44,7 +44,7 @@ def _ids(n: int, seed: int) -> list[int]:
     return torch.randint(0, 49152, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-@pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2"])
+@pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2", "qwen3"])
 def test_forward_matches_transformers(tmp_path, model_type):
     src, ws = deploy_tiny(tmp_path, model_type, randomize_bias=model_type == "qwen2")
     a, b = _ids(23, 0), _ids(10, 1)

@@ -119,6 +119,46 @@ def rotary_int8_case(dtype: str, head_dim: int, hq: int = 4, hkv: int = 2) -> di
     return {"q": _rel(q, q_ref), "params": params, "codes": codes, "k": _rel(k, k_ref)}
 
 
+def qk_norm_case(dtype: str, head_dim: int, hq: int, hkv: int) -> dict[str, float]:
+    """Per-head q/k RMSNorm in place on a fused projection whose rows are strided (a slice of a wider tensor):
+    q and k heads against the reference, v and the columns around the slice untouched."""
+    import torch
+
+    from lmd.turbomind.kernels.head_rms_norm import qk_rms_norm_triton
+    from lmd.turbomind.layers import qk_rms_norm_reference
+
+    dt, t, width = _dtype(dtype), 5, (hq + 2 * hkv) * head_dim
+    g = torch.Generator().manual_seed(head_dim + hq)
+    wide = (torch.randn(t, width + 24, generator=g) * 3).to(dt)
+    weight = (torch.rand(2, head_dim, generator=g) + 0.5).to(dt)
+    before = wide.clone()
+    ref = qk_rms_norm_reference(wide[:, 8: 8 + width].clone(), weight, hq, hkv, head_dim, 1e-6)
+    out = qk_rms_norm_triton(wide[:, 8: 8 + width], weight, hq, hkv, head_dim, 1e-6)
+    assert out.data_ptr() == wide[:, 8:].data_ptr(), "not in place"
+    outside = torch.cat([wide[:, :8], wide[:, 8 + width:]], 1), torch.cat([before[:, :8], before[:, 8 + width:]], 1)
+    qk = (hq + hkv) * head_dim
+    return {"qk": _rel(out[:, :qk], ref[:, :qk]), "v": (out[:, qk:].float() - ref[:, qk:].float()).abs().max().item(),
+            "outside": (outside[0].float() - outside[1].float()).abs().max().item()}
+
+
+def qwen3_model_logits() -> float:
+    """A tiny Qwen3 (per-head q/k norms, head_dim 128 != hidden / heads) with LMD_LAYER_OPS=triton vs reference."""
+    import tempfile
+    from pathlib import Path
+
+    from tests.conftest import deploy_tiny
+    from tests.turbomind.kernels.test_paged_attention_interpret import engine_logits
+
+    with tempfile.TemporaryDirectory() as root:
+        _, ws = deploy_tiny(Path(root), "qwen3", num_hidden_layers=1)
+        os.environ["LMD_LAYER_OPS"] = "reference"
+        ref = engine_logits(str(ws), "reference")
+        os.environ["LMD_LAYER_OPS"] = "triton"
+        out = engine_logits(str(ws), "reference")
+        os.environ["LMD_LAYER_OPS"] = "reference"
+    return ((out - ref).abs().max() / (ref.amax(-1) - ref.amin(-1)).max()).item()
+
+
 def model_logits(ws: str) -> dict[str, float]:
     """A tiny model's logits (prefills, a decode beside a chunk, decodes) with LMD_LAYER_OPS=triton vs reference;
     float KV (RoPE kernel stores K/V) and online int8 KV (RoPE kernel, then KVCache.write)."""
@@ -149,6 +189,9 @@ ROTARY_INT8_CASES = {f"rotary-int8-{d}-d{hd}-h{hq}-{hkv}": (d, hd, hq, hkv)
                      for d, hd, hq, hkv in (("fp32", 32, 4, 2), ("fp16", 64, 4, 2), ("fp16", 128, 4, 2),
                                             ("fp16", 32, 16, 8), ("fp32", 16, 6, 3))}
 
+QK_NORM_CASES = {f"qk-norm-{d}-d{hd}-h{hq}-{hkv}": (d, hd, hq, hkv)
+                 for d, hd, hq, hkv in (("fp32", 128, 4, 2), ("fp16", 64, 8, 8), ("fp16", 96, 6, 3))}
+
 
 def main(ws: str) -> None:
     assert os.environ.get("TRITON_INTERPRET") == "1", "run under TRITON_INTERPRET=1"
@@ -156,7 +199,8 @@ def main(ws: str) -> None:
             **{n: (lambda a=a: silu_case(*a)) for n, a in SILU_CASES.items()},
             **{n: (lambda a=a: rotary_case(*a)) for n, a in ROTARY_CASES.items()},
             **{n: (lambda a=a: rotary_int8_case(*a)) for n, a in ROTARY_INT8_CASES.items()},
-            "model": lambda: model_logits(ws)}
+            **{n: (lambda a=a: qk_norm_case(*a)) for n, a in QK_NORM_CASES.items()},
+            "model": lambda: model_logits(ws), "model-qwen3": qwen3_model_logits}
     results = run_jobs(jobs)
     json.dump(results, sys.stdout)
 
@@ -195,6 +239,20 @@ def test_rotary_online_int8_write_matches_kv_cache_write(interpreted: dict, name
     assert err["k"] < ULP[ROTARY_INT8_CASES[name][0]] * 2, f"{name}: k off by {err['k']:.2e}"
     assert err["params"] == 0.0, f"{name}: scale/zero differ by {err['params']:.2e} (same operations expected)"
     assert err["codes"] == 0, f"{name}: codes differ by up to {err['codes']} (same operations expected)"
+
+
+@pytest.mark.parametrize("name", QK_NORM_CASES)
+def test_qk_rms_norm_matches_reference_in_place(interpreted: dict, name: str) -> None:
+    err = interpreted[name]
+    assert isinstance(err, dict), err
+    assert err["qk"] < ULP[QK_NORM_CASES[name][0]] * 2, f"{name}: q/k heads off by {err['qk']:.2e}"
+    assert err["v"] == 0.0 and err["outside"] == 0.0, f"{name}: wrote outside q and k ({err})"
+
+
+def test_qwen3_logits_with_layer_kernels_match_the_reference(interpreted: dict) -> None:
+    err = interpreted["model-qwen3"]
+    assert isinstance(err, float), err
+    assert err < 1e-5, f"logits differ by {err:.2e} of their range"
 
 
 # int8 KV: a key that differs by one fp32 rounding can land on the neighbouring code (1/255 of its range)
