@@ -12,6 +12,7 @@ them to the tokenizer's own template. A conversation without tools keeps the fam
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 from collections.abc import Callable, Sequence
@@ -43,7 +44,10 @@ class ChatTemplate:
     tool_format: str | None = None  # one of TOOL_FORMATS (`hf`: read from the tokenizer's template)
 
     def render(self, messages: Sequence[Message], tokenizer: PreTrainedTokenizerBase | None = None,
-               add_generation_prompt: bool = True, tools: Tools | None = None) -> str:
+               add_generation_prompt: bool = True, tools: Tools | None = None,
+               template_kwargs: dict[str, Any] | None = None) -> str:
+        """`template_kwargs`: extra variables of the tokenizer's template (`hf` only; e.g. Qwen3's enable_thinking)."""
+        check_template_kwargs(self, template_kwargs)
         checked = _check_messages(messages)
         uses_tools = tools is not None or any(m["role"] == "tool" or "tool_calls" in m for m in checked)
         if self.renderer is not None:
@@ -60,11 +64,12 @@ class ChatTemplate:
             raise LmdError("the tokenizer's chat template does not render tools (it never reads `tools`); deploy "
                            "with MODEL_NAME qwen, llama3 or mistral to use that family's tool format")
         return tokenizer.apply_chat_template(checked, tools=tools, tokenize=False,
-                                             add_generation_prompt=add_generation_prompt)
+                                             add_generation_prompt=add_generation_prompt, **(template_kwargs or {}))
 
     def encode(self, messages: Sequence[Message], tokenizer: PreTrainedTokenizerBase,
-               add_generation_prompt: bool = True, tools: Tools | None = None) -> list[int]:
-        text = self.render(messages, tokenizer, add_generation_prompt, tools)
+               add_generation_prompt: bool = True, tools: Tools | None = None,
+               template_kwargs: dict[str, Any] | None = None) -> list[int]:
+        text = self.render(messages, tokenizer, add_generation_prompt, tools, template_kwargs)
         return list(tokenizer(text, add_special_tokens=self.tokenizer_adds_specials)["input_ids"])
 
     def renders_tools(self, tokenizer: PreTrainedTokenizerBase | None = None) -> bool:
@@ -84,6 +89,23 @@ class ChatTemplate:
         if '"parameters"' in source and ("<|python_tag|>" in source or "ipython" in source):
             return "llama3_json"
         return None
+
+
+def check_template_kwargs(template: ChatTemplate, template_kwargs: dict[str, Any] | None) -> None:
+    """Extra template variables go to the tokenizer's own (Jinja) template only, and never in place of an argument
+    of apply_chat_template itself."""
+    if not template_kwargs:
+        return
+    if template.renderer is not None:
+        raise LmdError(f"chat_template_kwargs: chat template {template.name!r} is lmd's own and takes no variables; "
+                       "deploy with MODEL_NAME hf to render with the tokenizer's template, or leave them out")
+    from transformers import PreTrainedTokenizerBase
+
+    arguments = {"messages", *inspect.signature(PreTrainedTokenizerBase.apply_chat_template).parameters}
+    reserved = sorted(set(template_kwargs) & arguments)
+    if reserved:
+        raise LmdError(f"chat_template_kwargs: {', '.join(reserved)} set how the template is applied, not a "
+                       "variable of it; leave them out")
 
 
 def _hf_source(tokenizer: PreTrainedTokenizerBase | None) -> str:

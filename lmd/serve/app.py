@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from lmd.chat_templates import TOOL_FORMATS
+from lmd.chat_templates import TOOL_FORMATS, check_template_kwargs
 from lmd.errors import LmdError
 from lmd.serve.errors import ApiError, bad_request, install_error_handlers
 from lmd.serve.generation import collect, engine_request_ids, merged, submit, summed_usage
@@ -29,7 +29,8 @@ from lmd.serve.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
-from lmd.serve.responses import EchoedPrompt, ResponseBuilder, new_request_id
+from lmd.serve.reasoning import REASONING_PARSERS, ReasoningParser, starts_in_reasoning
+from lmd.serve.responses import EchoedPrompt, ReasoningFactory, ResponseBuilder, new_request_id
 from lmd.serve.sampling import generation_config
 from lmd.serve.streaming import AbortingEventStream, sse_event, unless_disconnected
 from lmd.serve.structured_outputs import StructuredOutput, compile_structured_output, request_structured_output
@@ -45,9 +46,9 @@ _log = logging.getLogger("lmd.serve")
 
 class _Server:
     def __init__(self, engine: Engine, model_name: str, api_keys: Sequence[str], tool_call_parser: str | None,
-                 tracer: RequestTracer | None = None) -> None:
+                 tracer: RequestTracer | None = None, reasoning_parser: str | None = None) -> None:
         self.engine, self.model_name = engine, model_name
-        self.tool_call_parser = tool_call_parser
+        self.tool_call_parser, self.reasoning_parser = tool_call_parser, reasoning_parser
         self.tracer = tracer
         self.api_keys = tuple(api_keys)
         self.counts = RequestCounts()
@@ -97,10 +98,16 @@ class _Server:
     def tool_use(self, body: ChatCompletionRequest) -> ToolUse:
         return tool_use(body, self.engine.chat_template, self.engine.tokenizer, self.tool_call_parser)
 
-    def encode_messages(self, raw: list[ChatMessage], tools: list[dict[str, Any]] | None = None) -> list[int]:
+    def encode_messages(self, raw: list[ChatMessage], tools: list[dict[str, Any]] | None = None,
+                        template_kwargs: dict[str, Any] | None = None) -> list[int]:
         messages = chat_messages(raw)
         try:
-            return self.engine.chat_template.encode(messages, self.engine.tokenizer, tools=tools)
+            check_template_kwargs(self.engine.chat_template, template_kwargs)
+        except LmdError as exc:
+            raise bad_request("chat_template_kwargs", str(exc)) from None
+        try:
+            return self.engine.chat_template.encode(messages, self.engine.tokenizer, tools=tools,
+                                                    template_kwargs=template_kwargs)
         except LmdError as exc:
             raise bad_request("messages", str(exc)) from None
         except Exception as exc:  # the tokenizer's own jinja template may refuse a conversation
@@ -173,8 +180,19 @@ class _Server:
             configs.append(generation_config(body, room, self.engine.workspace.model.vocab_size, structured))
         return configs
 
+    def reasoning(self, prompt: list[int]) -> ReasoningFactory | None:
+        """A chat reply's reasoning parser factory (`--reasoning-parser`), started inside the reasoning when the
+        rendered prompt ends in an open start tag."""
+        name = self.reasoning_parser
+        if name is None:
+            return None
+        tail = self.engine.tokenizer.decode(prompt[-8:], skip_special_tokens=False)
+        inside = starts_in_reasoning(tail, name)
+        return lambda: ReasoningParser(name, inside)
+
     async def generate(self, request: Request, body: ChatCompletionRequest | CompletionRequest,
-                       prompts: list[list[int]], endpoint: str, tools: ToolUse | None = None) -> Response:
+                       prompts: list[list[int]], endpoint: str, tools: ToolUse | None = None,
+                       reasoning: ReasoningFactory | None = None) -> Response:
         arrival = time.time()
         chat = endpoint == CHAT
         field = "messages" if chat else "prompt"  # what a refused prompt's 400 names
@@ -200,6 +218,7 @@ class _Server:
             tool_parser=tools.new_parser if tools is not None and tools.parser is not None else None,
             echo=None if chat or not body.echo else self.echoed(body, prompts),  # type: ignore[union-attr]
             n=n,
+            reasoning=reasoning,
         )
 
         def abort_all() -> None:
@@ -287,15 +306,19 @@ def _prompt_field(index: int, count: int, field: str = "prompt") -> str:
 
 
 def create_app(engine: Engine, model_name: str, api_keys: Sequence[str] = (),
-               tool_call_parser: str | None = None, otlp_traces_endpoint: str | None = None) -> FastAPI:
+               tool_call_parser: str | None = None, otlp_traces_endpoint: str | None = None,
+               reasoning_parser: str | None = None) -> FastAPI:
     """The HTTP app over `engine` (already running its step loop), serving it as `model_name`; `tool_call_parser`
     (one of TOOL_FORMATS) reads tool calls in replies instead of the chat template family's own format;
     `otlp_traces_endpoint`: export a span per generation request there (lmd.serve.tracing); the caller shuts the
-    tracer down (`app.state.server.tracer`) when the app is done."""
+    tracer down (`app.state.server.tracer`) when the app is done; `reasoning_parser` (one of REASONING_PARSERS)
+    moves chat replies' thinking into `reasoning_content`."""
     if tool_call_parser is not None and tool_call_parser not in TOOL_FORMATS:
         raise LmdError(f"tool call parser {tool_call_parser!r} is unknown; use one of {', '.join(TOOL_FORMATS)}")
+    if reasoning_parser is not None and reasoning_parser not in REASONING_PARSERS:
+        raise LmdError(f"reasoning parser {reasoning_parser!r} is unknown; use one of {', '.join(REASONING_PARSERS)}")
     tracer = None if otlp_traces_endpoint is None else RequestTracer(otlp_traces_endpoint)
-    server = _Server(engine, model_name, api_keys, tool_call_parser, tracer)
+    server = _Server(engine, model_name, api_keys, tool_call_parser, tracer, reasoning_parser)
     app = FastAPI(title="lmd serve", summary="OpenAI-compatible API over the lmd engine", version="0.1.0")
     app.state.server = server
     install_error_handlers(app, server.counts.reject)
@@ -323,7 +346,8 @@ def create_app(engine: Engine, model_name: str, api_keys: Sequence[str] = (),
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         server.check_model(body.model)
         tools = server.tool_use(body)
-        return await server.generate(request, body, [server.encode_messages(body.messages, tools.tools)], CHAT, tools)
+        prompt = server.encode_messages(body.messages, tools.tools, body.chat_template_kwargs)
+        return await server.generate(request, body, [prompt], CHAT, tools, server.reasoning(prompt))
 
     @app.post(COMPLETIONS, dependencies=authorized)
     async def completions(body: CompletionRequest, request: Request) -> Response:

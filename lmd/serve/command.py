@@ -35,6 +35,7 @@ from lmd.engine_options import (
     check_port,
 )
 from lmd.errors import LmdError
+from lmd.serve.reasoning import REASONING_PARSERS
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
@@ -101,6 +102,14 @@ def serve_command(
             "tokenizer's template)."
         ),
     ] = None,
+    reasoning_parser: Annotated[
+        str | None,
+        typer.Option(
+            help=f"Move a thinking model's reasoning (<think> ... </think>) out of chat replies' content into "
+            f"reasoning_content (streamed as delta.reasoning_content): {', '.join(REASONING_PARSERS)} (vLLM's names). "
+            "Default: off, the reply is all content.",
+        ),
+    ] = None,
     otlp_traces_endpoint: Annotated[
         str | None,
         typer.Option(
@@ -117,6 +126,8 @@ def serve_command(
         raise LmdError(f"--log-level {log_level} is unknown; use one of {', '.join(LOG_LEVELS)}")
     if tool_call_parser is not None and tool_call_parser not in TOOL_FORMATS:
         raise LmdError(f"--tool-call-parser {tool_call_parser} is unknown; use one of {', '.join(TOOL_FORMATS)}")
+    if reasoning_parser is not None and reasoning_parser not in REASONING_PARSERS:
+        raise LmdError(f"--reasoning-parser {reasoning_parser} is unknown; use one of {', '.join(REASONING_PARSERS)}")
     if otlp_traces_endpoint is not None:
         from lmd.serve.tracing import traces_url
 
@@ -149,11 +160,11 @@ def serve_command(
                                        speculative_tree)
     with open_chat_engine(model, chat_template, overrides, engine_process=not disable_frontend_multiprocessing) as engine:
         _run(engine, model_name or _default_name(model), keys, host, port, log_level, tool_call_parser,
-             otlp_traces_endpoint)
+             otlp_traces_endpoint, reasoning_parser)
 
 
 def _run(engine: Any, name: str, keys: list[str], host: str, port: int, log_level: str,
-         tool_call_parser: str | None, otlp_traces_endpoint: str | None) -> None:
+         tool_call_parser: str | None, otlp_traces_endpoint: str | None, reasoning_parser: str | None) -> None:
     import uvicorn
     from rich.console import Console
     from rich.table import Table
@@ -162,7 +173,7 @@ def _run(engine: Any, name: str, keys: list[str], host: str, port: int, log_leve
     from lmd.turbomind.engine_core import EngineClient
     from lmd.turbomind.torchrun_env import torchrun_env
 
-    app = create_app(engine, name, keys, tool_call_parser, otlp_traces_endpoint)
+    app = create_app(engine, name, keys, tool_call_parser, otlp_traces_endpoint, reasoning_parser)
     tracer = app.state.server.tracer
     stats, cfg = engine.stats(), engine.workspace.engine
     table = Table(title="lmd serve", show_header=False)
@@ -182,6 +193,7 @@ def _run(engine: Any, name: str, keys: list[str], host: str, port: int, log_leve
         ("KV cache", "int8" if cfg.quant_policy == 4 else "compute dtype"),
         ("decode steps", _decode_mode(engine)),
         ("tool calls", _tool_mode(engine, tool_call_parser)),
+        ("reasoning", f"{reasoning_parser} parser: reasoning_content" if reasoning_parser else "off (all content)"),
         ("API keys", f"{len(keys)} accepted" if keys else "none (open)"),
         ("tracing", f"OTLP spans to {tracer.url}" if tracer is not None else "off"),
     ):

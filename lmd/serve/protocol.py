@@ -147,6 +147,8 @@ class ChatCompletionRequest(SamplingRequest):
     tool_choice: ToolChoice | None = Field(None, description="default: auto with tools, none without")
     parallel_tool_calls: bool = Field(True, description="false: at most one call per reply")
     functions: list[Any] | None = None  # OpenAI's deprecated form of tools
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="extra variables for the tokenizer's chat template (e.g. {\"enable_thinking\": false})")
     function_call: Any = None
 
     def unsupported(self) -> tuple[str, str] | None:

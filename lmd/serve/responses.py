@@ -1,8 +1,8 @@
 """Response bodies and stream chunks of /v1/chat/completions and /v1/completions, built from the engine's deltas.
 
 A response has n choices per prompt, prompt by prompt: a choice's position among the streams (as `generation.submit`
-orders them) is its OpenAI index. Chat replies may go through a tool-call parser (one per choice), which turns the
-text into content and `tool_calls`.
+orders them) is its OpenAI index. Chat replies may go through a reasoning parser (`reasoning_content` apart from the
+content) and then a tool-call parser (one of each per choice), which turns the content into text and `tool_calls`.
 """
 
 from __future__ import annotations
@@ -13,10 +13,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from lmd.serve.reasoning import Reasoning, ReasoningParser
 from lmd.serve.tool_parsers import Piece, ToolCall, ToolCallParser
 from lmd.turbomind.request_stream import Delta, Response, Usage
 
 ParserFactory = Callable[[], ToolCallParser]
+ReasoningFactory = Callable[[], ReasoningParser]
 
 
 def new_request_id(chat: bool) -> str:
@@ -41,8 +43,8 @@ def _finish_reason(reason: str | None, called: bool) -> str | None:
 class _Choice:
     """Per-choice state that runs across a stream's chunks."""
 
-    def __init__(self, parser: ToolCallParser | None) -> None:
-        self.parser = parser
+    def __init__(self, parser: ToolCallParser | None, reasoning: ReasoningParser | None) -> None:
+        self.parser, self.reasoning = parser, reasoning
         self.text_offset = 0  # completions' logprobs.text_offset
         self.echoed = False  # completions' echo: the prompt went out (with the first chunk)
 
@@ -52,16 +54,17 @@ class ResponseBuilder:
 
     def __init__(self, request_id: str, model: str, chat: bool, tokenizer: Any, logprobs: bool, token_ids: bool,
                  tool_parser: ParserFactory | None = None, echo: Sequence[EchoedPrompt] | None = None,
-                 n: int = 1) -> None:
+                 n: int = 1, reasoning: ReasoningFactory | None = None) -> None:
         """`echo` (completions): per prompt, its text and token ids, returned before the completion's. `n`: choices
-        per prompt; choices come prompt by prompt, so a choice's position is its OpenAI index."""
+        per prompt; choices come prompt by prompt, so a choice's position is its OpenAI index. `reasoning` (chat):
+        a reasoning parser per choice; its messages then carry `reasoning_content` (null when there was none)."""
         self._echo, self._n = echo, n
         self._prompt_entries: dict[int, list[Any]] = {}
         self.request_id, self.model, self.chat = request_id, model, chat
         self.created = int(time.time())
         self._tokenizer = tokenizer
         self._logprobs, self._token_ids = logprobs, token_ids
-        self._new_parser = tool_parser
+        self._new_parser, self._new_reasoning = tool_parser, reasoning
         self._choices: dict[int, _Choice] = {}
 
     @property
@@ -82,6 +85,8 @@ class ResponseBuilder:
                 calls = [p for p in pieces if isinstance(p, ToolCall)]
                 content = "".join(p for p in pieces if isinstance(p, str))
                 message: dict[str, Any] = {"role": "assistant", "content": content or (None if calls else "")}
+                if state.reasoning is not None:
+                    message["reasoning_content"] = "".join(p.text for p in pieces if isinstance(p, Reasoning)) or None
                 if calls:
                     message["tool_calls"] = [_call_body(c) for c in calls]
                 choice["message"] = message
@@ -155,13 +160,20 @@ class ResponseBuilder:
 
     def _choice(self, index: int) -> _Choice:
         if index not in self._choices:
-            self._choices[index] = _Choice(self._new_parser() if self._new_parser is not None else None)
+            self._choices[index] = _Choice(self._new_parser() if self._new_parser is not None else None,
+                                           self._new_reasoning() if self._new_reasoning is not None else None)
         return self._choices[index]
 
-    def _parsed(self, state: _Choice, text: str, final: bool) -> list[Piece]:
+    def _parsed(self, state: _Choice, text: str, final: bool) -> list[Piece | Reasoning]:
+        """The reasoning first split off, then the content through the tool-call parser, in reply order."""
+        parts: list[str | Reasoning] = [text] if text else []
+        if state.reasoning is not None:
+            parts = state.reasoning.feed(text) + (state.reasoning.finish() if final else [])
         if state.parser is None:
-            return [text] if text else []
-        pieces = state.parser.feed(text)
+            return list(parts)
+        pieces: list[Piece | Reasoning] = []
+        for part in parts:
+            pieces += [part] if isinstance(part, Reasoning) else state.parser.feed(part)
         return pieces + state.parser.finish() if final else pieces
 
     def _extras(self, state: _Choice, delta: Delta) -> dict[str, Any]:
@@ -245,9 +257,11 @@ def _call_body(call: ToolCall) -> dict[str, Any]:
     return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
 
 
-def _piece_deltas(piece: Piece) -> list[dict[str, Any]]:
+def _piece_deltas(piece: Piece | Reasoning) -> list[dict[str, Any]]:
     if isinstance(piece, str):
         return [{"content": piece}]
+    if isinstance(piece, Reasoning):
+        return [{"reasoning_content": piece.text}]
     head = {"index": piece.index, "id": piece.id, "type": "function", "function": {"name": piece.name,
                                                                                     "arguments": ""}}
     return [{"tool_calls": [head]}, {"tool_calls": [{"index": piece.index, "function": {"arguments": piece.arguments}}]}]

@@ -44,3 +44,27 @@ def openai_client(client):
     from openai import OpenAI
 
     return OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=client, max_retries=0)
+
+
+@pytest.fixture()
+def forced(engine, monkeypatch):
+    """`forced(text)`: the next generations stream `text` three characters a delta (the tiny random model never
+    writes a tool call or a <think> block); returns the prompts seen."""
+    from lmd.turbomind.request_stream import Delta, RequestStream, Usage
+
+    prompts: list[str] = []
+
+    def force(text: str) -> list[str]:
+        def generate(prompt_ids, config=None, request_id=None, apply_chat_template=True):
+            prompts.append(engine.tokenizer.decode(prompt_ids))
+            stream = RequestStream(request_id, lambda _: None)
+            pieces = [text[i : i + 3] for i in range(0, len(text), 3)]
+            for piece in pieces:
+                stream.put(Delta(request_id, piece, (1,)))
+            stream.put(Delta(request_id, "", (), "stop", Usage(len(prompt_ids), len(pieces), 0)))
+            return stream
+
+        monkeypatch.setattr(engine, "generate", generate)
+        return prompts
+
+    return force

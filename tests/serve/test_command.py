@@ -32,6 +32,7 @@ def test_help_explains_the_flags() -> None:
         "--quant-policy",
         "--session-len",
         "--log-level",
+        "--reasoning-parser",
     ):
         assert flag in result.stdout
 
@@ -44,6 +45,7 @@ def test_help_explains_the_flags() -> None:
         (["--log-level", "loud"], "--log-level loud"),
         (["--chat-template", "qwen"], "--chat-template"),
         (["--otlp-traces-endpoint", "collector:4318"], "--otlp-traces-endpoint"),
+        (["--reasoning-parser", "o1"], "--reasoning-parser o1 is unknown; use one of deepseek_r1, qwen3"),
     ],
 )
 def test_bad_flags_fail_in_one_line(serve_ws, flags, words) -> None:

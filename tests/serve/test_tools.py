@@ -1,5 +1,6 @@
 """Tool calling through the app and the official client. The tiny random model never writes a call, so replies are
-forced: `engine.generate` is replaced by one that streams a fixed text (the prompt it got is recorded)."""
+forced: `engine.generate` is replaced by one that streams a fixed text (conftest's `forced`; the prompt it got is
+recorded)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import pytest
 
 from lmd.chat_templates import get_chat_template
 from lmd.errors import LmdError
-from lmd.turbomind.request_stream import Delta, RequestStream, Usage
 from tests.serve.conftest import MODEL, sse_payloads
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Current weather of a city",
@@ -26,27 +26,6 @@ def qwen_template(engine):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(engine, "chat_template", get_chat_template("qwen"))
         yield
-
-
-@pytest.fixture()
-def forced(engine, monkeypatch):
-    """`forced(text)`: the next generations stream `text` three characters a delta; returns the prompts seen."""
-    prompts: list[str] = []
-
-    def force(text: str) -> list[str]:
-        def generate(prompt_ids, config=None, request_id=None, apply_chat_template=True):
-            prompts.append(engine.tokenizer.decode(prompt_ids))
-            stream = RequestStream(request_id, lambda _: None)
-            pieces = [text[i : i + 3] for i in range(0, len(text), 3)]
-            for piece in pieces:
-                stream.put(Delta(request_id, piece, (1,)))
-            stream.put(Delta(request_id, "", (), "stop", Usage(len(prompt_ids), len(pieces), 0)))
-            return stream
-
-        monkeypatch.setattr(engine, "generate", generate)
-        return prompts
-
-    return force
 
 
 def test_tools_are_rendered_into_the_prompt(client, engine, monkeypatch):
