@@ -235,6 +235,9 @@ def main() -> None:
     print(f"W4A16 tuner, µs per call as its {tune_timer()} timer timed them at load (the winner, then the best CUDA "
           "and Triton candidates; empty: plans from a table or the disk cache)")
     for shape, timings in results.get("w4a16_plans", {}).items():
+        if not timings:  # no candidate ran correctly: the default plan, untimed
+            print(f"  {shape:22} (no candidate ran correctly: the default plan)")
+            continue
         cuda = next((t for t in timings if family(t[0]) in OPT_IN_FAMILIES), ("-", float("nan")))
         other = next((t for t in timings if family(t[0]) not in OPT_IN_FAMILIES), ("-", float("nan")))
         print(f"  {shape:22} {timings[0][0]:36} {timings[0][1] * 1e3:6.1f}   CUDA {cuda[1] * 1e3:6.1f}   "

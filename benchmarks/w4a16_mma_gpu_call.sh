@@ -132,7 +132,10 @@ timer)
         cp "$OUT"/timer/*.graph.json lmd/turbomind/kernels/w4a16_plans/
         ;;
     steps)
-        ls lmd/turbomind/kernels/w4a16_plans/*.graph.json
+        # this GPU's graph table must be in the tree (copied here from $OUT/timer of `timer tune`): without it the
+        # graph runs would tune while the engine starts, and time another table than the one tuned
+        python3 -c 'import sys, torch; from lmd.turbomind.kernels.w4a16_shipped_plans import table_file
+p = table_file(torch.cuda.get_device_name(), "graph"); sys.exit(0 if p.is_file() else f"no {p}: copy it from timer tune")'
         for run in "cold 1" "graph 1" "cold 16" "graph 16" "cold 64" "graph 64"; do
             read -r timer batch <<<"$run"
             name="timer_${timer}_b$batch"

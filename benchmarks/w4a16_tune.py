@@ -81,10 +81,11 @@ def main() -> None:
             if bucket >= m_bucket(args.max_m):
                 break
             bucket *= 2
-    out = Path(os.environ.get("OUT", "."))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "w4a16_tune.json").write_text(json.dumps(rows, indent=1))
-    write_table(rows, torch.cuda.get_device_name(dev), out)
+        # after every shape: a call stopped at its time limit still returns the shapes it finished
+        out = Path(os.environ.get("OUT", "."))
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "w4a16_tune.json").write_text(json.dumps(rows, indent=1))
+        write_table(rows, torch.cuda.get_device_name(dev), out)
     total = sum(r["seconds"] for r in rows)
     print(f"\ntuning wall time {total:.0f} s over {len(rows)} (shape, bucket) pairs")
     print(f"{'shape':>12} {'M':>5} {'s':>6} {'timed':>5}  winner (µs); best of each other family")

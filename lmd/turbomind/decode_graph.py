@@ -137,6 +137,14 @@ class DecodeGraphs:
     def _forward(self, batch: ForwardBatch) -> torch.Tensor:
         return self.model.forward(batch, self.cache) if self.logits else self.model.hidden_states(batch, self.cache)
 
+    def release(self) -> None:
+        """Destroy the captured graphs now. NCCL does not tear a communicator down while a graph that captured its
+        collectives is alive (destroy_process_group waits for them), so a tensor-parallel rank releases its graphs
+        before it leaves the group."""
+        for graph, _ in self.graphs.values():
+            graph.reset()
+        self.graphs.clear()
+
     @torch.inference_mode()
     def capture_all(self, agree: Callable[[bool], bool] | None = None) -> None:
         """Capture every bucket now (largest first: the smaller graphs reuse its memory pool). `agree` (tensor

@@ -7,6 +7,7 @@ The runner owns everything on the device: the model's weights and the KV cache p
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 
@@ -24,6 +25,8 @@ from lmd.turbomind.scheduler import SchedulerOutput
 from lmd.turbomind.torchrun_env import check_world, join_torchrun_group, torchrun_env
 from lmd.turbomind.torchrun_workers import TorchrunWorkers
 from lmd.turbomind.tp_group import (
+    TIMEOUT_ENV,
+    abort_tp_group,
     all_reduce_min,
     all_reduce_sum,
     check_no_tp_group,
@@ -210,6 +213,8 @@ class ModelRunner:
         the final norm. `agree`: tp > 1, see `_start_decode_graphs`."""
         if not self._scratch:
             raise LmdError("decode graphs need the scratch block: cuda_graph=True and pp=1")
+        if self.world > 1 and agree is None:  # every rank captures together, at start (_start_decode_graphs)
+            raise LmdError(f"decode graphs at tp={self.tp} are captured when the engine starts, on every rank")
         self.graphs = DecodeGraphs(self.model, self.cache, self.cache.num_blocks - 1, self._max_batch,
                                    self._session_len, self.device, capture, logits=self.rank == 0)
         self.verify_graphs = {}
@@ -264,7 +269,10 @@ class ModelRunner:
             if self.workers is not None:
                 self.workers.send((chunks, rows, True))
             with self._guard():
-                return graphs.run(chunks, patch, rows)
+                logits = graphs.run(chunks, patch, rows)
+                if self.world > 1:
+                    self._await_replay()
+                return logits
         if self.stage is not None:
             return self.run_chunks(chunks, rows)
         if adjust is None:
@@ -350,11 +358,17 @@ class ModelRunner:
             return self.model.hidden_states(batch, self.cache)
 
     def close(self) -> None:
-        """Stop the workers and leave the process group (tp > 1); idempotent."""
+        """Stop the workers, release the CUDA graphs and leave the process group (tp > 1); idempotent."""
         if self.workers is not None:
             self.workers.close()
             self.workers = None
+        for graphs in (self.graphs, *self.verify_graphs.values()):
+            if graphs is not None:  # before leaving: NCCL waits for the graphs that captured its collectives
+                graphs.release()
+        self.graphs, self.verify_graphs = None, {}
         if self._joined:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
             leave_tp_group()
             self._joined = False
 
@@ -366,6 +380,25 @@ class ModelRunner:
         if self.workers is not None:
             self.workers.send((chunks, rows, False))
         return ForwardBatch.build(chunks, self.block_size, rows, self.device)
+
+    def _await_replay(self) -> None:
+        """Wait for a replayed step of tp > 1 without blocking in CUDA: the collectives inside a graph are not watched
+        by NCCL's watchdog, so a rank that died would leave this one waiting for ever. Polling notices a dead worker
+        and bounds the wait by LMD_TP_TIMEOUT; then the group is aborted, which ends the kernels stuck in it."""
+        done = torch.cuda.Event()
+        done.record()
+        deadline = time.monotonic() + timeout_s()
+        while not done.query():
+            try:
+                if self.workers is not None:
+                    self.workers.check_alive()
+                if time.monotonic() > deadline:
+                    raise LmdError(f"a replayed tensor-parallel step did not finish in {timeout_s():.0f} s "
+                                   f"({TIMEOUT_ENV}); close this engine and open a new one")
+            except LmdError:
+                abort_tp_group()
+                raise
+            time.sleep(5e-5)
 
     def _guard(self) -> AbstractContextManager[None]:
         return self.workers.guard() if self.workers is not None else nullcontext()

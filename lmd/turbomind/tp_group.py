@@ -9,6 +9,7 @@ default group.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from datetime import timedelta
@@ -79,6 +80,17 @@ def leave_tp_group() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
     _tp_group = None
+
+
+def abort_tp_group() -> None:
+    """Abort the group's communicators (NCCL): collectives stuck waiting for a dead rank return; the group is unusable
+    afterwards. Best effort: a torch without the private call, or a group already gone, leaves it as it is."""
+    import torch.distributed as dist
+
+    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    if abort is not None and dist.is_initialized():
+        with contextlib.suppress(Exception):
+            abort()
 
 
 def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:

@@ -20,14 +20,17 @@ READY = "ready"  # worker -> driver once its imports are done; then the driver s
 class WorkerRunner(Protocol):
     def worker_step(self, chunks: list[tuple[list[int], int, list[int]]], rows: list[int], graphed: bool) -> Any: ...
 
+    def close(self) -> None: ...
+
 
 def worker_main(rank: int, tp: int, port: int, root: str, options: dict[str, Any], conn: Connection,
                 make_runner: Callable[..., WorkerRunner]) -> None:
     """`make_runner(workspace, tp_port=port)` builds this rank's runner (the engine passes its ModelRunner class,
     so that this module does not import the runner that spawns it)."""
-    from lmd.turbomind.tp_group import leave_tp_group
+    from lmd.turbomind.tp_group import abort_tp_group, leave_tp_group
     from lmd.turbomind.workspace import open_workspace
 
+    runner = None
     try:
         conn.send(READY)  # imports done: the driver may now wait in the group's rendezvous
         ranks = {"tp_rank": rank % tp, "pp_rank": rank // tp}  # `rank` is global: stage rank // tp
@@ -35,7 +38,8 @@ def worker_main(rank: int, tp: int, port: int, root: str, options: dict[str, Any
         while True:
             try:
                 message = conn.recv()
-            except EOFError:  # the driver is gone
+            except EOFError:  # the driver is gone: a replayed step may wait in NCCL for it, abort that first
+                abort_tp_group()
                 break
             if message is None:
                 break
@@ -45,4 +49,6 @@ def worker_main(rank: int, tp: int, port: int, root: str, options: dict[str, Any
             conn.send(f"{type(exc).__name__}: {exc}")
         raise SystemExit(1) from None
     finally:
+        if runner is not None:  # its CUDA graphs first: NCCL waits for them before it leaves
+            runner.close()
         leave_tp_group()

@@ -171,3 +171,19 @@ def test_one_rank_raises_a_capture_failure(tiny_llama_ws, monkeypatch) -> None:
                         lambda capture, agree: (_ for _ in ()).throw(RuntimeError("broke")))
     with pytest.raises(RuntimeError, match="broke"):
         runner._start_decode_graphs(None)
+
+
+def test_closing_releases_the_graphs_before_the_group_is_left(tiny_llama_ws) -> None:
+    """NCCL's destroy waits for every graph that captured its collectives: close() resets them first."""
+
+    class FakeGraph:
+        resets = 0
+
+        def reset(self) -> None:
+            FakeGraph.resets += 1
+
+    engine = _engine(tiny_llama_ws[1])
+    engine.runner.enable_decode_graphs(capture=False)
+    engine.runner.graphs.graphs = {1: (FakeGraph(), None), 2: (FakeGraph(), None)}
+    engine.close()
+    assert FakeGraph.resets == 2 and engine.runner.graphs is None and engine.runner.verify_graphs == {}

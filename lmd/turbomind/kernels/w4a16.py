@@ -281,18 +281,23 @@ def tune(bucket: int, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.
     plans = plans if plans is not None else candidates(bucket, n, k, group, qweight.device)
     compile_all(plans, x, qweight, scales, zeros)
     timings: list[tuple[Plan, float]] = []
+    failed: list[str] = []
     for plan in plans:
         try:
             before = run_plan(plan, x, qweight, scales, zeros)
             ms = measure(lambda q, s, z, p=plan: run_plan(p, x, q, s, z))
             after = run_plan(plan, x, qweight, scales, zeros)
-        except Exception:  # a config the compiler rejects (shared memory, registers) is simply not a candidate
+        except Exception as exc:  # a config the compiler rejects (shared memory, registers) is not a candidate
+            failed.append(f"{plan.name()}: {type(exc).__name__}")
             continue
         if output_is_wrong(before, ref) or output_is_wrong(after, ref):
             log.warning("W4A16 plan %s gives wrong output at M=%d N=%d K=%d; not a candidate", plan.name(), bucket,
                         n, k)
             continue
         timings.append((plan, ms))
+    if failed:  # said, so that candidates lost to something else than the compiler (memory) are seen
+        log.info("W4A16 M=%d N=%d K=%d: %d of %d candidates did not run (%s)", bucket, n, k, len(failed), len(plans),
+                 "; ".join(failed[:3]) + (" ..." if len(failed) > 3 else ""))
     if not timings:
         log.warning("no W4A16 candidate ran correctly at M=%d N=%d K=%d; using the default plan", bucket, n, k)
         return default_plan(bucket, n, k, group, qweight.device), []
