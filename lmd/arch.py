@@ -38,10 +38,15 @@ class ArchSpec:
     qk_norm: bool = False  # an RMSNorm over each head of q and of k before RoPE (Qwen3), weight [head_dim]
     q_norm: str = "self_attn.q_norm"
     k_norm: str = "self_attn.k_norm"
+    qkv: str = ""  # the checkpoint's fused q/k/v projection (rows q, k, v), or "" when they are three linears
+    gate_up: str = ""  # the checkpoint's fused gate/up projection (rows gate, up), or ""
 
     @property
     def linears(self) -> tuple[str, ...]:
-        return (self.q, self.k, self.v, self.o, self.gate, self.up, self.down)
+        """The linears of a decoder layer as the model holds them (fused ones as one)."""
+        attention = (self.qkv,) if self.qkv else (self.q, self.k, self.v)
+        mlp = (self.gate_up,) if self.gate_up else (self.gate, self.up)
+        return (*attention, self.o, *mlp, self.down)
 
 
 ARCHITECTURES: dict[str, ArchSpec] = {
@@ -49,6 +54,8 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     "mistral": ArchSpec("mistral"),
     "qwen2": ArchSpec("qwen2", qkv_bias=True),
     "qwen3": ArchSpec("qwen3", qk_norm=True),
+    # Phi-3 / Phi-4: Llama's layer with fused projections; lmd.lite works on its Llama view (lmd.lite.llama_view)
+    "phi3": ArchSpec("phi3", qkv="self_attn.qkv_proj", gate_up="mlp.gate_up_proj"),
 }
 
 
@@ -56,7 +63,7 @@ def get_arch(config: PretrainedConfig) -> ArchSpec:
     model_type = getattr(config, "model_type", None)
     if model_type not in ARCHITECTURES:
         raise LmdError(f"model_type {model_type!r} is not supported; supported: {', '.join(sorted(ARCHITECTURES))} "
-                       "(Llama 1/2/3 and SmolLM are 'llama', Qwen2.5 is 'qwen2')")
+                       "(Llama 1/2/3 and SmolLM are 'llama', Qwen2.5 is 'qwen2', Phi-4 is 'phi3')")
     return ARCHITECTURES[model_type]
 
 
@@ -81,6 +88,12 @@ def rope_theta(config: PretrainedConfig) -> float:
     if "rope_theta" in params:
         return float(params["rope_theta"])
     return float(getattr(config, "rope_theta", 10000.0))
+
+
+def partial_rotary_factor(config: PretrainedConfig) -> float:
+    """The share of each head RoPE rotates (its first dims; Phi-4-mini's 0.75), from either config generation."""
+    params = getattr(config, "rope_parameters", None) or {}
+    return float(params.get("partial_rotary_factor") or getattr(config, "partial_rotary_factor", None) or 1.0)
 
 
 def rope_scaling(config: PretrainedConfig) -> dict:

@@ -17,7 +17,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def build_tiny_model(path: Path, model_type: str = "llama", dtype: str = "float32", **overrides) -> Path:
-    """Save a tiny random model of `model_type` (llama, mistral, qwen2, qwen3) with a real tokenizer when one is at
+    """Save a tiny random model of `model_type` (llama, mistral, qwen2, qwen3, phi3) with a real tokenizer when one is at
     hand."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM

@@ -8,7 +8,7 @@ from lmd.arch import ARCHITECTURES, decoder_layers, get_arch, get_module, has_qk
 from lmd.errors import LmdError
 
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-            vocab_size=256)
+            vocab_size=256, pad_token_id=0)
 
 
 @pytest.mark.parametrize("model_type", sorted(ARCHITECTURES))
@@ -23,12 +23,15 @@ def test_every_registered_arch_names_real_modules(model_type: str) -> None:
         assert isinstance(get_module(layer, name), nn.Module)
     for name in spec.linears:
         assert isinstance(get_module(layer, name), nn.Linear), name
-    assert (get_module(layer, spec.q).bias is not None) == has_qkv_bias(config)
+    assert (get_module(layer, spec.qkv or spec.q).bias is not None) == has_qkv_bias(config)
+    if spec.qk_norm:
+        assert isinstance(get_module(layer, spec.q_norm), nn.Module) and isinstance(get_module(layer, spec.k_norm),
+                                                                                     nn.Module)
 
 
 def test_unsupported_arch_lists_supported() -> None:
     config = AutoConfig.for_model("gpt2", n_layer=1, n_embd=32, n_head=2)
-    with pytest.raises(LmdError, match="not supported; supported: llama, mistral, qwen2"):
+    with pytest.raises(LmdError, match="not supported; supported: llama, mistral, phi3, qwen2, qwen3"):
         get_arch(config)
 
 

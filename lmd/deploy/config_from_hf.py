@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lmd.arch import get_arch, has_qkv_bias, rope_scaling, rope_theta
+from lmd.arch import get_arch, has_qkv_bias, partial_rotary_factor, rope_scaling, rope_theta
 from lmd.errors import LmdError
 from lmd.workspace_format.config_ini import ROPE_TYPES, WorkspaceConfig
 
@@ -29,6 +29,7 @@ class ModelDims:
     tie_word_embeddings: bool
     qkv_bias: bool
     qk_norm: bool = False
+    rotary_dim: int = 0  # dims of each head RoPE rotates (its first ones); 0: the whole head
 
     @classmethod
     def from_config(cls, config: PretrainedConfig, where: str) -> ModelDims:
@@ -45,7 +46,16 @@ class ModelDims:
         return cls(head_num=heads, kv_head_num=kv_heads, head_dim=head_dim, hidden=int(config.hidden_size),
                    inter=int(config.intermediate_size), num_layer=int(config.num_hidden_layers),
                    vocab=int(config.vocab_size), tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
-                   qkv_bias=has_qkv_bias(config), qk_norm=get_arch(config).qk_norm)
+                   qkv_bias=has_qkv_bias(config), qk_norm=get_arch(config).qk_norm,
+                   rotary_dim=_rotary_dim(head_dim, partial_rotary_factor(config), where))
+
+
+def _rotary_dim(head_dim: int, factor: float, where: str) -> int:
+    dim = int(head_dim * factor)
+    if not 0 < dim <= head_dim or dim % 2:
+        raise LmdError(f"{where}: partial_rotary_factor={factor} rotates {dim} of {head_dim} head dims; the engine "
+                       "needs an even number from 2 to the head dim")
+    return dim
 
 
 def session_len(config: PretrainedConfig) -> int:
@@ -125,7 +135,7 @@ def build_workspace_config(*, model_name: str, config: PretrainedConfig, dims: M
         weight_type=weight_type,
         group_size=group_size,
         compute_dtype=compute_dtype,
-        rotary_embedding=dims.head_dim,
+        rotary_embedding=dims.rotary_dim or dims.head_dim,
         max_position_embeddings=int(config.max_position_embeddings),
         tie_word_embeddings=int(dims.tie_word_embeddings),
         qk_norm=int(dims.qk_norm),

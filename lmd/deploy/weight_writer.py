@@ -99,35 +99,50 @@ class WeightWriter:
         src, dst = f"{arch.layers}.{i}.", f"layers.{i}."
         self._check_no_extra_bias(src)
         qn, kvn = dims.head_num * dims.head_dim, dims.kv_head_num * dims.head_dim
-        q, k, v = (self.linear(src + m, n, h) for m, n in ((arch.q, qn), (arch.k, kvn), (arch.v, kvn)))
-        bias = None
-        if dims.qkv_bias:
-            bias = tuple(self.vector(f"{src}{m}.bias", n) for m, n in ((arch.q, qn), (arch.k, kvn), (arch.v, kvn)))
+        if arch.qkv:  # fused in the checkpoint already, rows q, k, v as the workspace wants them
+            qkv = self.linear(src + arch.qkv, qn + 2 * kvn, h)
+            bias = (self.vector(f"{src}{arch.qkv}.bias", qn + 2 * kvn),) if dims.qkv_bias else None
+        else:
+            parts = [self.linear(src + m, n, h) for m, n in ((arch.q, qn), (arch.k, kvn), (arch.v, kvn))]
+            qkv = self.fused(src, [arch.q, arch.k, arch.v], parts)
+            del parts
+            bias = None
+            if dims.qkv_bias:
+                bias = tuple(self.vector(f"{src}{m}.bias", n) for m, n in ((arch.q, qn), (arch.k, kvn), (arch.v, kvn)))
         self.put_all_ranks({f"{dst}attention_norm.weight": self.vector(f"{src}{arch.attn_norm}.weight", h)})
         if dims.qk_norm:  # one [head_dim] weight for every head: whole on every rank
             self.put_all_ranks({f"{dst}attention.{n}_norm.weight": self.vector(f"{src}{m}.weight", dims.head_dim)
                                 for n, m in (("q", arch.q_norm), ("k", arch.k_norm))})
-        self.put_split(self.fused(src, [arch.q, arch.k, arch.v], [q, k, v]).tensors(f"{dst}attention.w_qkv"))
+        self.put_split(qkv.tensors(f"{dst}attention.w_qkv"))
         if bias is not None:
             self.put_split({f"{dst}attention.w_qkv.bias": torch.cat(bias)})
-        del q, k, v
+        del qkv
         self.put_split(self.linear(src + arch.o, h, qn).tensors(f"{dst}attention.wo"))
 
     def write_mlp(self, i: int) -> None:
         arch, dims, h = self.arch, self.dims, self.dims.hidden
         src, dst = f"{arch.layers}.{i}.", f"layers.{i}."
         self.put_all_ranks({f"{dst}ffn_norm.weight": self.vector(f"{src}{arch.mlp_norm}.weight", h)})
-        gate, up = self.linear(src + arch.gate, dims.inter, h), self.linear(src + arch.up, dims.inter, h)
+        if arch.gate_up:  # fused in the checkpoint already, rows gate, up
+            w13 = self.linear(src + arch.gate_up, 2 * dims.inter, h)
+        else:
+            parts = [self.linear(src + arch.gate, dims.inter, h), self.linear(src + arch.up, dims.inter, h)]
+            w13 = self.fused(src, [arch.gate, arch.up], parts)
+            del parts
         down = self.linear(src + arch.down, h, dims.inter)
-        if isinstance(down, Int4Linear) and down.perm is not None:
-            gate, up = gate.take_n(down.perm), up.take_n(down.perm)  # type: ignore[union-attr]
+        if isinstance(down, Int4Linear) and down.perm is not None:  # gate and up rows reordered alike
+            if not isinstance(w13, Int4Linear):
+                raise LmdError(f"{self.reader.where}: {src}{arch.down} is act-order int4 but gate/up are not int4; "
+                               "re-quantize the MLP's linears together")
+            w13 = w13.take_n(torch.cat([down.perm, down.perm + dims.inter]))
             down = Int4Linear(down.qweight, down.scales, down.zeros)
-        self.put_split(self.fused(src, [arch.gate, arch.up], [gate, up]).tensors(f"{dst}feed_forward.w13"))
-        del gate, up
+        self.put_split(w13.tensors(f"{dst}feed_forward.w13"))
+        del w13
         self.put_split(down.tensors(f"{dst}feed_forward.w2"))
 
     def _check_no_extra_bias(self, prefix: str) -> None:
-        for module in (self.arch.o, self.arch.gate, self.arch.up, self.arch.down):
+        mlp = (self.arch.gate_up,) if self.arch.gate_up else (self.arch.gate, self.arch.up)
+        for module in (self.arch.o, *mlp, self.arch.down):
             if self.reader.has(f"{prefix}{module}.bias"):
                 raise LmdError(f"{self.reader.where}: {prefix}{module}.bias is not supported by the workspace format "
                                "(only the fused QKV may have a bias)")

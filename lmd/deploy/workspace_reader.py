@@ -73,14 +73,22 @@ def reconstruct_hf_state_dict(workspace: str | Path) -> dict[str, torch.Tensor]:
         if cfg.qk_norm:
             out[f"{hf}{arch.q_norm}.weight"] = whole[f"{src}attention.q_norm.weight"]
             out[f"{hf}{arch.k_norm}.weight"] = whole[f"{src}attention.k_norm.weight"]
-        for module, part in zip((arch.q, arch.k, arch.v), _dense(whole, f"{src}attention.w_qkv").split(qkv_parts),
-                                strict=True):
-            out[f"{hf}{module}.weight"] = part
-        if cfg.attn_bias:
-            for module, part in zip((arch.q, arch.k, arch.v), whole[f"{src}attention.w_qkv.bias"].split(qkv_parts),
-                                    strict=True):
-                out[f"{hf}{module}.bias"] = part
-        out[f"{hf}{arch.gate}.weight"], out[f"{hf}{arch.up}.weight"] = _dense(whole, f"{src}feed_forward.w13").chunk(2)
+        qkv, w13 = _dense(whole, f"{src}attention.w_qkv"), _dense(whole, f"{src}feed_forward.w13")
+        if arch.qkv:
+            out[f"{hf}{arch.qkv}.weight"] = qkv
+            if cfg.attn_bias:
+                out[f"{hf}{arch.qkv}.bias"] = whole[f"{src}attention.w_qkv.bias"]
+        else:
+            for module, part in zip((arch.q, arch.k, arch.v), qkv.split(qkv_parts), strict=True):
+                out[f"{hf}{module}.weight"] = part
+            if cfg.attn_bias:
+                for module, part in zip((arch.q, arch.k, arch.v), whole[f"{src}attention.w_qkv.bias"].split(qkv_parts),
+                                        strict=True):
+                    out[f"{hf}{module}.bias"] = part
+        if arch.gate_up:
+            out[f"{hf}{arch.gate_up}.weight"] = w13
+        else:
+            out[f"{hf}{arch.gate}.weight"], out[f"{hf}{arch.up}.weight"] = w13.chunk(2)
         out[f"{hf}{arch.o}.weight"] = _dense(whole, f"{src}attention.wo")
         out[f"{hf}{arch.down}.weight"] = _dense(whole, f"{src}feed_forward.w2")
     return out

@@ -91,6 +91,7 @@ def calibrate(cfg: CalibrateConfig, on_layer: LayerCallback | None = None) -> Ca
 
     import lmd
     from lmd.calib_data import get_calib_samples
+    from lmd.lite.llama_view import as_llama
     from lmd.lite.output_dir import atomic_output_dir, check_output_dir
     from lmd.model_source import check_device, load_causal_lm, load_tokenizer, resolve_model
 
@@ -101,7 +102,7 @@ def calibrate(cfg: CalibrateConfig, on_layer: LayerCallback | None = None) -> Ca
     tokenizer = load_tokenizer(source)
     calib = get_calib_samples(cfg.calib_dataset, tokenizer, nsamples=cfg.calib_samples, seqlen=cfg.calib_seqlen,
                               seed=cfg.seed, split=cfg.calib_split, data_dir=cfg.data_dir)
-    model = load_causal_lm(source, dtype=cfg.model_dtype, device="cpu")
+    model = as_llama(load_causal_lm(source, dtype=cfg.model_dtype, device="cpu"))  # Phi-3: its Llama view
     stats = collect_stats(model, calib.input_ids, device, cfg.batch_size, on_layer)
     exported = stats.export()
     kv_heads, head_dim = next(iter(exported["key_stats"]["max"].values())).shape

@@ -115,6 +115,7 @@ def awq_command(
     from lmd.lite.awq_accuracy import accuracy, load_probe
     from lmd.lite.awq_export import write_awq_model
     from lmd.lite.awq_methods import method_fields
+    from lmd.lite.llama_view import as_llama, llama_config, needs_llama_view
     from lmd.lite.output_dir import atomic_output_dir, check_output_dir
     from lmd.model_source import check_device, load_causal_lm, load_config, load_tokenizer, resolve_model
 
@@ -145,9 +146,12 @@ def awq_command(
     check_output_dir(work_dir, force)
     probe = None if no_eval else load_probe(eval_tasks, eval_items, data_dir)  # task files checked before the model
     source = resolve_model(model)
-    arch = get_arch(load_config(source))
+    model_config = load_config(source)
+    if needs_llama_view(model_config):
+        llama_config(model_config)  # a model lite cannot run as Llama fails before it loads
     tokenizer = load_tokenizer(source)
-    lm = load_causal_lm(source, dtype="float32", device="cpu")
+    lm = as_llama(load_causal_lm(source, dtype="float32", device="cpu"))  # Phi-3: its Llama view (llama_view.py)
+    arch = get_arch(lm.config)
     check_group_size(lm, arch, config.group_size)
     report: dict[str, Any] = {
         "model": source.display_name,

@@ -85,6 +85,7 @@ def smooth_quant(cfg: SmoothQuantConfig, on_layer: Callable[[int, int], None] | 
 
     from lmd.arch import get_arch
     from lmd.lite.calibrate import CalibrateConfig, calibrate
+    from lmd.lite.llama_view import as_llama
     from lmd.lite.output_dir import atomic_output_dir, check_output_dir
     from lmd.lite.smooth_quant_export import resolve_ignore, write_checkpoint
     from lmd.model_source import load_causal_lm, load_config, load_tokenizer, resolve_model
@@ -104,7 +105,7 @@ def smooth_quant(cfg: SmoothQuantConfig, on_layer: Callable[[int, int], None] | 
                                       data_dir=cfg.data_dir, device=cfg.device), on_layer)
             absmax = _load_input_absmax(Path(calib_dir))
             calib_dir = str(Path(cfg.work_dir).expanduser().resolve() / "calibration")
-        model = load_causal_lm(source, dtype="float32", device="cpu")
+        model = as_llama(load_causal_lm(source, dtype="float32", device="cpu"))  # Phi-3: its Llama view
         arch = get_arch(model.config)
         alphas = [] if absmax is None else _smooth(cfg, model, arch, source, absmax, ignore)
         provenance = {"model": source.display_name, "scheme": cfg.scheme, "smoothed": absmax is not None,

@@ -6,6 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from lmd.arch import ARCHITECTURES
 from lmd.deploy import deploy
 from lmd.deploy.workspace_reader import load_rank_tensors, read_workspace_config, reconstruct_hf_state_dict
 from lmd.errors import LmdError
@@ -23,6 +24,7 @@ def _source_state(model_dir) -> dict[str, torch.Tensor]:
     ("qwen2", "float32", 1, torch.float16),
     ("qwen2", "bfloat16", 2, torch.bfloat16),
     ("qwen3", "float32", 2, torch.float16),
+    ("phi3", "bfloat16", 2, torch.bfloat16),  # fused qkv_proj / gate_up_proj kept fused
 ])
 def test_float_round_trip_is_exact(tiny_models, tmp_path, model_type, src_dtype, tp, expect):
     src = tiny_models(model_type, src_dtype)
@@ -87,6 +89,7 @@ def test_dtype_flag_float32_keeps_values(tiny_models, tmp_path):
     ("mistral", 128, 1),
     ("qwen2", 64, 2),
     ("qwen3", 64, 2),
+    ("phi3", 32, 2),
 ])
 def test_awq_round_trip_matches_dequantized_checkpoint(tiny_awq, tmp_path, model_type, group_size, tp):
     src = tiny_awq(model_type, group_size)
@@ -96,7 +99,7 @@ def test_awq_round_trip_matches_dequantized_checkpoint(tiny_awq, tmp_path, model
     rebuilt = reconstruct_hf_state_dict(ws)
     ckpt = _source_state(src)
     linears = {name.removesuffix(".qweight") for name in ckpt if name.endswith(".qweight")}
-    assert len(linears) == 7 * 2
+    assert len(linears) == len(ARCHITECTURES[model_type].linears) * 2
     for module in linears:
         q, z, s = ckpt[f"{module}.qweight"], ckpt[f"{module}.qzeros"], ckpt[f"{module}.scales"]
         qweight, scales, zeros = awq_to_engine(q, z, s, group_size, torch.float16)

@@ -67,7 +67,7 @@ def test_calibrate_failure_leaves_no_output(tiny_llama, calib_text, tmp_path):
         CalibrateConfig(model="m", work_dir=str(work), batch_size=0)
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3", "phi3"])
 def test_deploy_calibrate_kv_qparams_engine_reads_them(tmp_path, calib_text, model_type):
     converter = pytest.importorskip("lmd.deploy.converter")
     workspace_mod = pytest.importorskip("lmd.turbomind.workspace")

@@ -44,9 +44,13 @@ def _ids(n: int, seed: int) -> list[int]:
     return torch.randint(0, 49152, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-@pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2", "qwen3"])
-def test_forward_matches_transformers(tmp_path, model_type):
-    src, ws = deploy_tiny(tmp_path, model_type, randomize_bias=model_type == "qwen2")
+@pytest.mark.parametrize(("model_type", "overrides"), [
+    ("llama", {}), ("mistral", {}), ("qwen2", {}), ("qwen3", {}),
+    ("phi3", {}),  # fused qkv_proj / gate_up_proj in the checkpoint
+    ("phi3", {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}}),
+], ids=["llama", "mistral", "qwen2", "qwen3", "phi3", "phi3-partial-rotary"])
+def test_forward_matches_transformers(tmp_path, model_type, overrides):
+    src, ws = deploy_tiny(tmp_path, model_type, randomize_bias=model_type == "qwen2", **overrides)
     a, b = _ids(23, 0), _ids(10, 1)
     la, lb = _engine_logits(ws, a, b, split=9)
     assert (la - _hf_logits(src, a)).abs().max() < 1e-4
