@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -103,14 +104,26 @@ def rope_fields(config: PretrainedConfig, where: str) -> dict[str, object]:
     if rope_type not in ROPE_TYPES:
         raise LmdError(f"{where}: rope type {rope_type!r} is not supported; supported: {', '.join(ROPE_TYPES)}")
     max_pos = int(config.max_position_embeddings)
-    return {
+    original = int(scaling.get("original_max_position_embeddings") or getattr(config,
+                                                                              "original_max_position_embeddings", 0)
+                   or max_pos)
+    fields: dict[str, object] = {
         "rope_theta": rope_theta(config),
         "rope_scaling_type": rope_type,
-        "rope_scaling_factor": float(scaling.get("factor", 1.0)),
+        "rope_scaling_factor": float(scaling.get("factor") or 1.0),
         "rope_low_freq_factor": float(scaling.get("low_freq_factor", 1.0)),
         "rope_high_freq_factor": float(scaling.get("high_freq_factor", 4.0)),
-        "original_max_position_embeddings": int(scaling.get("original_max_position_embeddings", max_pos)),
+        "original_max_position_embeddings": original,
     }
+    if rope_type == "longrope":  # transformers' _compute_longrope_parameters, its attention factor fixed here
+        factor = float(scaling.get("factor") or max_pos / original)
+        attention = scaling.get("attention_factor")
+        if attention is None:
+            attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+        fields.update(rope_scaling_factor=factor, rope_short_factor=tuple(float(v) for v in scaling["short_factor"]),
+                      rope_long_factor=tuple(float(v) for v in scaling["long_factor"]),
+                      rope_attention_factor=float(attention))
+    return fields
 
 
 def build_workspace_config(*, model_name: str, config: PretrainedConfig, dims: ModelDims,

@@ -1,8 +1,9 @@
 """A model whose checkpoint fuses q/k/v and gate/up (Phi-3, Phi-4) as the Llama model it equals, for lmd.lite.
 
 AWQ, calibration and SmoothQuant hook, scale and quantize q/k/v and gate/up as separate linears (`ArchSpec.q`, ...).
-Phi-3's decoder layer is Llama's with those projections fused by rows (q, k, v; gate, up) and full-width RoPE, so the
-same weights in a LlamaForCausalLM compute the same logits; lite runs on that view and writes its outputs (AutoAWQ and
+Phi-3's decoder layer is Llama's with those projections fused by rows (q, k, v; gate, up) and full-width RoPE (its
+longrope too: transformers' Llama takes any rope type), so the same weights in a LlamaForCausalLM compute the same
+logits; lite runs on that view and writes its outputs (AutoAWQ and
 W8A8 checkpoints) as Llama checkpoints, which `lmd deploy` (and other servers) read as such. The split rows are views
 of the fused tensors: no copy.
 """
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from lmd.arch import get_arch, partial_rotary_factor, rope_scaling
+from lmd.arch import get_arch, partial_rotary_factor
 from lmd.errors import LmdError
 
 if TYPE_CHECKING:
@@ -21,7 +22,8 @@ if TYPE_CHECKING:
 
 _SHARED_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                 "num_key_value_heads", "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings",
-                "bos_token_id", "eos_token_id", "pad_token_id", "rope_parameters", "hidden_act")
+                "bos_token_id", "eos_token_id", "pad_token_id", "rope_parameters", "hidden_act",
+                "original_max_position_embeddings")  # longrope's pretraining length (Phi-3.5)
 
 
 def needs_llama_view(config: PretrainedConfig) -> bool:
@@ -36,9 +38,6 @@ def llama_config(config: PretrainedConfig) -> PretrainedConfig:
     if factor != 1.0:
         raise LmdError(f"{config.model_type} with partial_rotary_factor={factor}: lmd awq, calibrate and smooth-quant "
                        "run it as Llama, which rotates whole heads; deploy the float model instead")
-    if rope_scaling(config):
-        raise LmdError(f"{config.model_type} with rope type {rope_scaling(config)['rope_type']!r} cannot run as "
-                       "Llama in lmd awq, calibrate and smooth-quant; deploy the float model instead")
     values = {key: getattr(config, key) for key in _SHARED_KEYS if getattr(config, key, None) is not None}
     return LlamaConfig(**values, attention_bias=False, mlp_bias=False, dtype=getattr(config, "dtype", None))
 

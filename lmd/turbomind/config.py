@@ -13,10 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from lmd.errors import LmdError
+from lmd.workspace_format.config_ini import ROPE_TYPES, WEIGHT_TYPES
 from lmd.workspace_format.rank_layout import RankShape
-
-WEIGHT_TYPES = ("fp16", "bf16", "fp32", "int4", "int8", "fp8")
-ROPE_TYPES = ("none", "linear", "dynamic", "llama3", "yarn")
 
 
 @dataclass(frozen=True)
@@ -48,6 +46,9 @@ class ModelConfig:
     max_position_embeddings: int
     tie_word_embeddings: bool
     qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE (attention.q_norm / k_norm weights, Qwen3)
+    rope_short_factor: tuple[float, ...] = ()  # longrope (Phi-3.5, Phi-4-mini), as config.ini
+    rope_long_factor: tuple[float, ...] = ()
+    rope_attention_factor: float = 1.0
 
     def __post_init__(self) -> None:
         if self.weight_type not in WEIGHT_TYPES:

@@ -1,4 +1,4 @@
-"""Rotary position embedding with the model's scaling (none, linear, dynamic NTK, llama3, yarn).
+"""Rotary position embedding with the model's scaling (none, linear, dynamic NTK, llama3, yarn, longrope).
 
 Frequencies are computed in fp32 exactly as transformers does, so the engine's logits match HF. Layout is the
 "rotate half" convention of HF Llama: dims [0, D/2) pair with [D/2, D).
@@ -30,7 +30,16 @@ class RotaryEmbedding:
         elif self.kind == "yarn":
             inv_freq, self.attention_scaling = _yarn(self.dim, self.base, self.factor,
                                                      cfg.original_max_position_embeddings, device)
+        elif self.kind == "longrope":
+            inv_freq = self._longrope_inv_freq(cfg.rope_short_factor, device)
+            self.long_inv_freq = self._longrope_inv_freq(cfg.rope_long_factor, device)
+            self.original_max = cfg.original_max_position_embeddings
+            self.attention_scaling = cfg.rope_attention_factor
         self.inv_freq = inv_freq
+
+    def _longrope_inv_freq(self, factors: tuple[float, ...], device: torch.device) -> torch.Tensor:
+        exponents = torch.arange(0, self.dim, 2, dtype=torch.int64, device=device).float() / self.dim
+        return 1.0 / (torch.tensor(factors, dtype=torch.float32, device=device) * self.base ** exponents)
 
     def _base_inv_freq(self, base: float | torch.Tensor, device: torch.device) -> torch.Tensor:
         exponents = torch.arange(0, self.dim, 2, dtype=torch.int64, device=device).float() / self.dim
@@ -38,10 +47,16 @@ class RotaryEmbedding:
 
     def cos_sin(self, positions: torch.Tensor, seq_lens: torch.Tensor | None = None,
                 dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [T] -> cos, sin [T, dim]. `seq_lens` [T] (each token's sequence length) drives dynamic NTK."""
+        """positions [T] -> cos, sin [T, dim]. `seq_lens` [T] (each token's sequence length) drives dynamic NTK and
+        longrope."""
         inv_freq = self.inv_freq.to(positions.device)
         if self.kind == "dynamic" and seq_lens is not None:
             inv_freq = self._dynamic_inv_freq(seq_lens)  # [T, dim/2]
+        elif self.kind == "longrope" and seq_lens is not None:  # the long factors once a sequence is past the
+            # pretraining length (transformers decides per forward by its longest position: the same for a whole
+            # prompt or a decode step)
+            inv_freq = torch.where((seq_lens > self.original_max)[:, None], self.long_inv_freq.to(positions.device),
+                                   inv_freq)
         freqs = positions.float()[:, None] * inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
         return (emb.cos() * self.attention_scaling).to(dtype), (emb.sin() * self.attention_scaling).to(dtype)

@@ -16,7 +16,7 @@ from lmd.workspace_format.rank_layout import RankShape
 
 SECTION = "llama"
 WEIGHT_TYPES = ("fp16", "bf16", "fp32", "int4", "int8", "fp8")
-ROPE_TYPES = ("none", "linear", "dynamic", "llama3", "yarn")
+ROPE_TYPES = ("none", "linear", "dynamic", "llama3", "yarn", "longrope")
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,9 @@ class WorkspaceConfig:
     quant_policy: int = 0
     tie_word_embeddings: int = 0
     qk_norm: int = 0
+    rope_short_factor: tuple[float, ...] = ()  # longrope: per-frequency divisors up to original_max_position_embeddings
+    rope_long_factor: tuple[float, ...] = ()  # longrope: the ones for sequences longer than that
+    rope_attention_factor: float = 1.0  # longrope: cos and sin are scaled by it
 
     def __post_init__(self) -> None:
         if self.weight_type not in WEIGHT_TYPES:
@@ -74,6 +77,11 @@ class WorkspaceConfig:
                                f"tensor_para_size={self.tensor_para_size}")
         if self.head_num % self.kv_head_num:
             raise LmdError(f"config.ini: head_num={self.head_num} is not a multiple of kv_head_num={self.kv_head_num}")
+        if self.rope_scaling_type == "longrope":
+            for key in ("rope_short_factor", "rope_long_factor"):
+                if len(getattr(self, key)) != self.rotary_embedding // 2:
+                    raise LmdError(f"config.ini: {key} has {len(getattr(self, key))} values; longrope needs one per "
+                                   f"rotary frequency ({self.rotary_embedding // 2}); re-run lmd deploy")
 
     @property
     def rank_shape(self) -> RankShape:
@@ -109,6 +117,8 @@ def _parse_value(key: str, kind: str, text: str, path: Path) -> object:
             return float(text)
         if kind == "tuple[int, ...]":
             return tuple(int(v) for v in text.split(",") if v.strip())
+        if kind == "tuple[float, ...]":
+            return tuple(float(v) for v in text.split(",") if v.strip())
     except ValueError:
         raise LmdError(f"{path}: {key} = {text!r} is not a valid {kind}; fix the value or re-run lmd deploy") from None
     return text.strip()

@@ -17,7 +17,7 @@ DOC_KEYS = ["model_name", "model_arch", "tensor_para_size", "head_num", "kv_head
             "rope_scaling_factor", "rope_low_freq_factor", "rope_high_freq_factor", "original_max_position_embeddings",
             "max_position_embeddings", "max_batch_size", "max_context_token_num", "step_length",
             "cache_max_entry_count", "cache_block_seq_len", "cache_chunk_size", "use_context_fmha", "quant_policy",
-            "tie_word_embeddings", "qk_norm"]
+            "tie_word_embeddings", "qk_norm", "rope_short_factor", "rope_long_factor", "rope_attention_factor"]
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +106,22 @@ def test_rope_and_session_from_hf_config():
                       "original_max_position_embeddings": 8192}
     mistral = AutoConfig.for_model("mistral", max_position_embeddings=32768, sliding_window=4096)
     assert session_len(mistral) == 4096
-    longrope = AutoConfig.for_model("llama", rope_scaling={"rope_type": "longrope", "factor": 2.0,
-                                                           "short_factor": [1.0] * 64, "long_factor": [1.0] * 64})
-    with pytest.raises(LmdError, match="longrope"):
-        rope_fields(longrope, "m")
+    proportional = AutoConfig.for_model("llama", rope_scaling={"rope_type": "proportional", "factor": 2.0})
+    with pytest.raises(LmdError, match="rope type 'proportional' is not supported; supported: .*longrope"):
+        rope_fields(proportional, "m")
+
+
+def test_longrope_fields_fix_transformers_attention_factor():
+    import math
+
+    from transformers import AutoConfig
+
+    phi = AutoConfig.for_model("phi3", hidden_size=64, num_attention_heads=16, max_position_embeddings=131072,
+                               rope_parameters={
+        "rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0, 1.5], "long_factor": [4.0, 8.0],
+        "original_max_position_embeddings": 4096})
+    fields = rope_fields(phi, "m")
+    assert fields["rope_scaling_type"] == "longrope" and fields["original_max_position_embeddings"] == 4096
+    assert fields["rope_short_factor"] == (1.0, 1.5) and fields["rope_long_factor"] == (4.0, 8.0)
+    assert fields["rope_scaling_factor"] == 32.0  # max_position_embeddings / original, as transformers takes it
+    assert fields["rope_attention_factor"] == pytest.approx(math.sqrt(1 + math.log(32) / math.log(4096)))

@@ -1,5 +1,6 @@
-"""Phi-3 (fused qkv_proj / gate_up_proj) through lmd.lite as its Llama view: the same logits over the same tensors,
-the configurations that view cannot hold refused in one line, and `lmd awq` -> deploy -> the engine end to end."""
+"""Phi-3 (fused qkv_proj / gate_up_proj) through lmd.lite as its Llama view: the same logits over the same tensors
+(longrope on both sides of its pretraining length too), partial rotary refused in one line, and `lmd awq` -> deploy
+-> the engine end to end."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from lmd.errors import LmdError
 from lmd.lite.llama_view import as_llama, llama_config
 from tests.conftest import build_tiny_model
 
-# Phi-3.5 / Phi-4-mini's long-context RoPE (head_dim 16: 8 factors each)
-LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 8, "long_factor": [4.0] * 8,
-            "original_max_position_embeddings": 64}
+# Phi-3.5's long-context RoPE at a tiny scale (head_dim 32: 16 factors each), pretrained to 64 positions
+LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0 + i / 16 for i in range(16)],
+            "long_factor": [4.0 + i / 4 for i in range(16)], "original_max_position_embeddings": 64}
 
 
 def _load(path):
@@ -26,10 +27,12 @@ def _load(path):
     return AutoModelForCausalLM.from_pretrained(path).eval()
 
 
-@pytest.mark.parametrize("tied", [False, True])
-def test_the_view_computes_the_same_logits_over_the_same_tensors(tmp_path, tied):
-    phi3 = _load(build_tiny_model(tmp_path / "phi3", "phi3", tie_word_embeddings=tied))
-    ids = torch.randint(0, 49152, (2, 19), generator=torch.Generator().manual_seed(0))
+@pytest.mark.parametrize(("tied", "longrope", "length"), [(False, False, 19), (True, False, 19), (False, True, 40),
+                                                         (False, True, 100)])
+def test_the_view_computes_the_same_logits_over_the_same_tensors(tmp_path, tied, longrope, length):
+    rope = {"max_position_embeddings": 512, "original_max_position_embeddings": 64, "rope_parameters": LONGROPE}
+    phi3 = _load(build_tiny_model(tmp_path / "phi3", "phi3", tie_word_embeddings=tied, **(rope if longrope else {})))
+    ids = torch.randint(0, 49152, (2, length), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         expected = phi3(ids).logits
     fused = phi3.model.layers[1].self_attn.qkv_proj.weight
@@ -39,6 +42,8 @@ def test_the_view_computes_the_same_logits_over_the_same_tensors(tmp_path, tied)
     assert attn.q_proj.weight.data_ptr() == fused.data_ptr()  # rows of the fused tensor, not a copy
     assert torch.equal(attn.v_proj.weight, fused[-attn.v_proj.weight.shape[0]:])
     assert (llama.lm_head.weight.data_ptr() == llama.model.embed_tokens.weight.data_ptr()) == tied
+    if longrope:  # the same long-context RoPE, pretrained to 64 positions, on both
+        assert llama.model.rotary_emb.attention_scaling == phi3.model.rotary_emb.attention_scaling > 1.1
     with torch.no_grad():
         assert torch.equal(llama(ids).logits, expected)
 
@@ -48,16 +53,13 @@ def test_models_with_separate_linears_pass_through(tiny_llama):
     assert as_llama(model) is model
 
 
-@pytest.mark.parametrize(("rope", "words"), [
-    ({"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}, "partial_rotary_factor=0.5"),
-    (LONGROPE, "rope type 'longrope'"),
-])
-def test_what_llama_cannot_hold_is_refused(rope, words):
+def test_partial_rotary_is_refused_in_one_line():
     from transformers import AutoConfig
 
     config = AutoConfig.for_model("phi3", hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                                  num_attention_heads=4, vocab_size=49152, rope_parameters=rope)
-    with pytest.raises(LmdError, match=words):
+                                  num_attention_heads=4, vocab_size=49152, rope_parameters={
+                                      "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})
+    with pytest.raises(LmdError, match="partial_rotary_factor=0.5: lmd awq, calibrate and smooth-quant run it as"):
         llama_config(config)
 
 

@@ -44,6 +44,45 @@ def _ids(n: int, seed: int) -> list[int]:
     return torch.randint(0, 49152, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
+def _longrope(head_dim: int, partial: float = 1.0) -> dict:
+    """Phi-3.5 / Phi-4-mini's RoPE at a tiny scale: pretrained to 64 positions, extended to 512."""
+    pairs = int(head_dim * partial) // 2
+    g = torch.Generator().manual_seed(pairs)
+    return {"max_position_embeddings": 512, "original_max_position_embeddings": 64, "rope_parameters": {
+        "rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": partial,
+        "original_max_position_embeddings": 64, "short_factor": (1 + torch.rand(pairs, generator=g)).tolist(),
+        "long_factor": (2 + 6 * torch.rand(pairs, generator=g)).tolist()}}
+
+
+@pytest.mark.parametrize("partial", [1.0, 0.5])
+def test_longrope_matches_transformers_on_both_sides_of_the_pretraining_length(tmp_path, partial):
+    """A whole prompt shorter and one longer than original_max_position_embeddings, then decode steps that cross it
+    (transformers picks the factors per forward by its longest position: per token's sequence here)."""
+    src, ws = deploy_tiny(tmp_path, "phi3", **_longrope(32, partial))
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    assert hf.model.rotary_emb.rope_type == "longrope" and hf.model.rotary_emb.attention_scaling > 1.1
+    runner = ModelRunner(open_workspace(ws, cache_block_seq_len=BLOCK, cache_max_entry_count=64))
+    for n, table in ((40, list(range(10))), (100, list(range(10, 35)))):
+        ids = _ids(n, n)
+        batch = ForwardBatch.build([(ids, 0, table)], BLOCK, list(range(n)), runner.device)
+        with torch.no_grad():
+            assert (runner.model.forward(batch, runner.cache) - hf(torch.tensor([ids])).logits[0]).abs().max() < 1e-4
+    ids, table = _ids(70, 7), list(range(35, 53))
+    batch = ForwardBatch.build([(ids[:60], 0, table)], BLOCK, [59], runner.device)
+    runner.model.forward(batch, runner.cache)
+    with torch.no_grad():
+        out = hf(torch.tensor([ids[:60]]), use_cache=True)
+        cache = out.past_key_values
+        for p in range(60, 70):  # positions 63 -> 64 -> 65: the factors switch at the 65th token
+            step = hf(torch.tensor([[ids[p]]]), past_key_values=cache, use_cache=True)
+            cache = step.past_key_values
+            ours = runner.model.forward(ForwardBatch.build([(ids[p:p + 1], p, table)], BLOCK, [0], runner.device),
+                                        runner.cache)
+            assert (ours[0] - step.logits[0, -1]).abs().max() < 1e-4, p
+
+
 @pytest.mark.parametrize(("model_type", "overrides"), [
     ("llama", {}), ("mistral", {}), ("qwen2", {}), ("qwen3", {}),
     ("phi3", {}),  # fused qkv_proj / gate_up_proj in the checkpoint
