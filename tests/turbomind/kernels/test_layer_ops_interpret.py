@@ -182,7 +182,8 @@ SILU_CASES = {f"silu-{d}-i{i}": (d, i) for d, i in (("fp32", 40), ("fp16", 1500)
 ROTARY_CASES = {f"rotary-{d}-d{hd}-rot{r}-{'cache' if c else 'out'}-h{hq}-{hkv}": (d, hd, r, c, hq, hkv)
                 for d, hd, r, c, hq, hkv in (("fp32", 16, 16, False, 4, 2), ("fp16", 32, 16, False, 4, 2),
                                              ("fp16", 64, 64, True, 4, 2), ("fp32", 24, 8, True, 4, 2),
-                                             ("fp16", 32, 32, True, 16, 16), ("fp32", 16, 8, True, 6, 3))}
+                                             ("fp16", 32, 32, True, 16, 16), ("fp32", 16, 8, True, 6, 3),
+                                             ("fp16", 128, 96, True, 4, 2))}  # Phi-4-mini's three quarters
 
 
 ROTARY_INT8_CASES = {f"rotary-int8-{d}-d{hd}-h{hq}-{hkv}": (d, hd, hq, hkv)
