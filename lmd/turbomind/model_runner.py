@@ -362,8 +362,9 @@ class ModelRunner:
         if self.workers is not None:
             self.workers.close()
             self.workers = None
-        for graphs in (self.graphs, *self.verify_graphs.values()):
-            if graphs is not None:  # before leaving: NCCL waits for the graphs that captured its collectives
+        # before leaving: NCCL waits for the graphs that captured its collectives (none yet if __init__ failed)
+        for graphs in (getattr(self, "graphs", None), *getattr(self, "verify_graphs", {}).values()):
+            if graphs is not None:
                 graphs.release()
         self.graphs, self.verify_graphs = None, {}
         if self._joined:
