@@ -54,6 +54,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     "mistral": ArchSpec("mistral"),
     "qwen2": ArchSpec("qwen2", qkv_bias=True),
     "qwen3": ArchSpec("qwen3", qk_norm=True),
+    "internlm3": ArchSpec("internlm3"),  # transformers runs it as LlamaForCausalLM
     # Phi-3 / Phi-4: Llama's layer with fused projections; lmd.lite works on its Llama view (lmd.lite.llama_view)
     "phi3": ArchSpec("phi3", qkv="self_attn.qkv_proj", gate_up="mlp.gate_up_proj"),
 }

@@ -31,7 +31,7 @@ def test_every_registered_arch_names_real_modules(model_type: str) -> None:
 
 def test_unsupported_arch_lists_supported() -> None:
     config = AutoConfig.for_model("gpt2", n_layer=1, n_embd=32, n_head=2)
-    with pytest.raises(LmdError, match="not supported; supported: llama, mistral, phi3, qwen2, qwen3"):
+    with pytest.raises(LmdError, match="not supported; supported: internlm3, llama, mistral, phi3, qwen2, qwen3"):
         get_arch(config)
 
 

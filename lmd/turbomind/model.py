@@ -1,4 +1,4 @@
-"""The Llama-family model (llama, mistral, qwen2, qwen3, phi3) over a flat batch of tokens and the paged KV cache."""
+"""The Llama-family model (every architecture of lmd.arch) over a flat batch of tokens and the paged KV cache."""
 
 from __future__ import annotations
 

@@ -137,7 +137,7 @@ def test_unsupported_architecture(tiny_models, tmp_path):
     config = json.loads((src / "config.json").read_text())
     config["model_type"] = "gpt2"
     (src / "config.json").write_text(json.dumps(config))
-    with pytest.raises(LmdError, match="'gpt2' is not supported; supported: llama, mistral, phi3, qwen2, qwen3"):
+    with pytest.raises(LmdError, match="'gpt2' is not supported; supported: internlm3, llama, mistral, phi3, qwen"):
         deploy("base", str(src), str(tmp_path / "ws"), progress=False)
 
 

@@ -25,6 +25,7 @@ def _source_state(model_dir) -> dict[str, torch.Tensor]:
     ("qwen2", "bfloat16", 2, torch.bfloat16),
     ("qwen3", "float32", 2, torch.float16),
     ("phi3", "bfloat16", 2, torch.bfloat16),  # fused qkv_proj / gate_up_proj kept fused
+    ("internlm3", "float32", 1, torch.float16),
 ])
 def test_float_round_trip_is_exact(tiny_models, tmp_path, model_type, src_dtype, tp, expect):
     src = tiny_models(model_type, src_dtype)

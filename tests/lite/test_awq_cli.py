@@ -94,7 +94,7 @@ def test_unsupported_architecture_lists_the_supported_ones(tmp_path):
     (model / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
     run = _lmd(str(model), "--work-dir", str(tmp_path / "out"))
     assert run.returncode == 1 and "Traceback" not in run.stderr
-    assert "'gpt2' is not supported" in run.stderr and "llama, mistral, phi3, qwen2, qwen3" in run.stderr
+    assert "'gpt2' is not supported" in run.stderr and "internlm3, llama, mistral, phi3, qwen2, qwen3" in run.stderr
 
 
 @pytest.mark.parametrize(

@@ -84,10 +84,10 @@ def test_longrope_matches_transformers_on_both_sides_of_the_pretraining_length(t
 
 
 @pytest.mark.parametrize(("model_type", "overrides"), [
-    ("llama", {}), ("mistral", {}), ("qwen2", {}), ("qwen3", {}),
+    ("llama", {}), ("mistral", {}), ("qwen2", {}), ("qwen3", {}), ("internlm3", {}),
     ("phi3", {}),  # fused qkv_proj / gate_up_proj in the checkpoint
     ("phi3", {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}}),
-], ids=["llama", "mistral", "qwen2", "qwen3", "phi3", "phi3-partial-rotary"])
+], ids=["llama", "mistral", "qwen2", "qwen3", "internlm3", "phi3", "phi3-partial-rotary"])
 def test_forward_matches_transformers(tmp_path, model_type, overrides):
     src, ws = deploy_tiny(tmp_path, model_type, randomize_bias=model_type == "qwen2", **overrides)
     a, b = _ids(23, 0), _ids(10, 1)
