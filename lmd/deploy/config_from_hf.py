@@ -116,6 +116,9 @@ def rope_fields(config: PretrainedConfig, where: str) -> dict[str, object]:
         "original_max_position_embeddings": original,
     }
     if rope_type == "longrope":  # transformers' _compute_longrope_parameters, its attention factor fixed here
+        missing = [key for key in ("short_factor", "long_factor") if not scaling.get(key)]
+        if missing:
+            raise LmdError(f"{where}: longrope without {' and '.join(missing)} in rope_parameters; fix config.json")
         factor = float(scaling.get("factor") or max_pos / original)
         attention = scaling.get("attention_factor")
         if attention is None:

@@ -22,8 +22,12 @@ if TYPE_CHECKING:
 
 _SHARED_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                 "num_key_value_heads", "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings",
-                "bos_token_id", "eos_token_id", "pad_token_id", "rope_parameters", "hidden_act",
-                "original_max_position_embeddings")  # longrope's pretraining length (Phi-3.5)
+                "bos_token_id", "eos_token_id", "pad_token_id", "hidden_act", "head_dim",
+                "original_max_position_embeddings",  # longrope's pretraining length (Phi-3.5)
+                "sliding_window")  # transformers' Llama ignores it; kept so deploy caps session_len as for the source
+# RoPE as transformers 5 keeps it, or (transformers 4) as its two older keys
+_ROPE_KEYS = ("rope_parameters",)
+_OLD_ROPE_KEYS = ("rope_theta", "rope_scaling")
 
 
 def needs_llama_view(config: PretrainedConfig) -> bool:
@@ -38,7 +42,8 @@ def llama_config(config: PretrainedConfig) -> PretrainedConfig:
     if factor != 1.0:
         raise LmdError(f"{config.model_type} with partial_rotary_factor={factor}: lmd awq, calibrate and smooth-quant "
                        "run it as Llama, which rotates whole heads; deploy the float model instead")
-    values = {key: getattr(config, key) for key in _SHARED_KEYS if getattr(config, key, None) is not None}
+    rope = _ROPE_KEYS if getattr(config, "rope_parameters", None) else _OLD_ROPE_KEYS
+    values = {key: getattr(config, key) for key in (*_SHARED_KEYS, *rope) if getattr(config, key, None) is not None}
     return LlamaConfig(**values, attention_bias=False, mlp_bias=False, dtype=getattr(config, "dtype", None))
 
 
@@ -49,7 +54,7 @@ def as_llama(model: PreTrainedModel) -> PreTrainedModel:
     from transformers import LlamaForCausalLM
 
     spec, config = get_arch(model.config), model.config
-    head_dim = config.hidden_size // config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     q_rows = config.num_attention_heads * head_dim
     kv_rows = (config.num_key_value_heads or config.num_attention_heads) * head_dim
     state: dict[str, torch.Tensor] = {}

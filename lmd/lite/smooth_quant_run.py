@@ -85,7 +85,7 @@ def smooth_quant(cfg: SmoothQuantConfig, on_layer: Callable[[int, int], None] | 
 
     from lmd.arch import get_arch
     from lmd.lite.calibrate import CalibrateConfig, calibrate
-    from lmd.lite.llama_view import as_llama
+    from lmd.lite.llama_view import as_llama, llama_config, needs_llama_view
     from lmd.lite.output_dir import atomic_output_dir, check_output_dir
     from lmd.lite.smooth_quant_export import resolve_ignore, write_checkpoint
     from lmd.model_source import load_causal_lm, load_config, load_tokenizer, resolve_model
@@ -94,7 +94,8 @@ def smooth_quant(cfg: SmoothQuantConfig, on_layer: Callable[[int, int], None] | 
     start = time.perf_counter()
     source = resolve_model(cfg.model)
     config = load_config(source)
-    ignore = resolve_ignore(cfg.ignored, get_arch(config), int(config.num_hidden_layers))
+    view = llama_config(config) if needs_llama_view(config) else config  # Phi-3: the Llama model it is quantized as
+    ignore = resolve_ignore(cfg.ignored, get_arch(view), int(config.num_hidden_layers))
     absmax = _load_input_absmax(Path(cfg.calib_dir)) if cfg.calib_dir and cfg.smoothing else None
     with atomic_output_dir(cfg.work_dir, cfg.force) as tmp:
         calib_dir = cfg.calib_dir

@@ -180,19 +180,26 @@ class _Server:
             configs.append(generation_config(body, room, self.engine.workspace.model.vocab_size, structured))
         return configs
 
-    def reasoning(self, prompt: list[int]) -> ReasoningFactory | None:
-        """A chat reply's reasoning parser factory (`--reasoning-parser`), started inside the reasoning when the
-        rendered prompt ends in an open start tag."""
-        name = self.reasoning_parser
-        if name is None:
+    def opens_reasoning(self, prompt: list[int]) -> bool | None:
+        """With `--reasoning-parser`: whether the rendered chat prompt ends in an open start tag (the reply begins
+        inside the reasoning); None without a parser."""
+        if self.reasoning_parser is None:
             return None
-        tail = self.engine.tokenizer.decode(prompt[-8:], skip_special_tokens=False)
-        inside = starts_in_reasoning(tail, name)
+        return starts_in_reasoning(self.engine.tokenizer.decode(prompt[-8:], skip_special_tokens=False),
+                                   self.reasoning_parser)
+
+    def reasoning(self, opened: bool | None, structured: StructuredOutput | None) -> ReasoningFactory | None:
+        """Each choice's reasoning parser; a grammar (structured output, forced tool call) starts the reply outside
+        the reasoning, whatever the prompt opened, since it allows none."""
+        name = self.reasoning_parser
+        if name is None or opened is None:
+            return None
+        inside = opened and structured is None
         return lambda: ReasoningParser(name, inside)
 
     async def generate(self, request: Request, body: ChatCompletionRequest | CompletionRequest,
                        prompts: list[list[int]], endpoint: str, tools: ToolUse | None = None,
-                       reasoning: ReasoningFactory | None = None) -> Response:
+                       opened_reasoning: bool | None = None) -> Response:
         arrival = time.time()
         chat = endpoint == CHAT
         field = "messages" if chat else "prompt"  # what a refused prompt's 400 names
@@ -218,7 +225,7 @@ class _Server:
             tool_parser=tools.new_parser if tools is not None and tools.parser is not None else None,
             echo=None if chat or not body.echo else self.echoed(body, prompts),  # type: ignore[union-attr]
             n=n,
-            reasoning=reasoning,
+            reasoning=self.reasoning(opened_reasoning, structured),
         )
 
         def abort_all() -> None:
@@ -347,7 +354,7 @@ def create_app(engine: Engine, model_name: str, api_keys: Sequence[str] = (),
         server.check_model(body.model)
         tools = server.tool_use(body)
         prompt = server.encode_messages(body.messages, tools.tools, body.chat_template_kwargs)
-        return await server.generate(request, body, [prompt], CHAT, tools, server.reasoning(prompt))
+        return await server.generate(request, body, [prompt], CHAT, tools, server.opens_reasoning(prompt))
 
     @app.post(COMPLETIONS, dependencies=authorized)
     async def completions(body: CompletionRequest, request: Request) -> Response:

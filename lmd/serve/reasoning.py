@@ -5,7 +5,8 @@ message's `reasoning_content` (streamed as `delta.reasoning_content`), the rest 
 parser). Where the reply starts decides the state: inside the reasoning when the rendered prompt ends in an open
 `<think>` (DeepSeek-R1's and Qwen3-Thinking's templates write it), else the reply is reasoning only if it opens with
 `<think>` (Qwen3's hybrid mode; with `enable_thinking: false` its template closes the block in the prompt, and the
-reply is all content). A reply that ends inside the reasoning (max_tokens) leaves it reasoning, content empty.
+reply is all content). A reply that ends inside the reasoning (max_tokens) leaves it reasoning, content empty. A
+reply under a grammar (structured outputs, a forced tool call) starts outside: the grammar allows no reasoning.
 
 One parser serves streaming and whole replies alike, so a stream adds up to the non-streamed answer exactly. Text
 that may be the start of a tag is held until it cannot be; whitespace around the reasoning and before the answer is
@@ -44,8 +45,10 @@ class ReasoningParser:
     _BEGIN, _REASONING, _AFTER, _CONTENT = range(4)
 
     def __init__(self, parser: str, in_reasoning: bool = False) -> None:
+        """`in_reasoning`: the prompt opened the reasoning (a start tag the reply repeats anyway is dropped)."""
         self.start, self.end = REASONING_PARSERS[parser]
-        self._state = self._REASONING if in_reasoning else self._BEGIN
+        self._inside = in_reasoning
+        self._state = self._BEGIN
         self._held = ""
         self._reasoning_started = False  # leading whitespace of the reasoning is dropped until its first text
 
@@ -67,7 +70,8 @@ class ReasoningParser:
                     continue
                 if not stripped or self.start.startswith(stripped):
                     return out  # whitespace, or a partial start tag: not yet known
-                self._state = self._CONTENT  # no reasoning: the reply stays exactly as written
+                # no start tag: inside the reasoning the prompt opened, else content exactly as written
+                self._state = self._REASONING if self._inside else self._CONTENT
                 continue
             if state == self._AFTER:
                 stripped = held.lstrip()
@@ -92,7 +96,7 @@ class ReasoningParser:
     def finish(self) -> list[str | Reasoning]:
         """What is still held once the reply has ended."""
         held, self._held = self._held, ""
-        if self._state == self._REASONING:
+        if self._state == self._REASONING or (self._state == self._BEGIN and self._inside):
             out: list[str | Reasoning] = []
             self._emit_reasoning(out, held.rstrip())
             return out

@@ -81,7 +81,8 @@ class WorkspaceConfig:
             for key in ("rope_short_factor", "rope_long_factor"):
                 if len(getattr(self, key)) != self.rotary_embedding // 2:
                     raise LmdError(f"config.ini: {key} has {len(getattr(self, key))} values; longrope needs one per "
-                                   f"rotary frequency ({self.rotary_embedding // 2}); re-run lmd deploy")
+                                   f"rotary frequency ({self.rotary_embedding // 2}); fix the model's rope "
+                                   "parameters or config.ini")
 
     @property
     def rank_shape(self) -> RankShape:

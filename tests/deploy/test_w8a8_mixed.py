@@ -153,3 +153,17 @@ def test_int8_keeps_down_proj_by_default_and_ignore_none_quantizes_all(tiny_mode
     assert json.loads((tmp_path / "b" / "config.json").read_text())["quantization_config"]["ignore"] == ["lm_head"]
     fp8 = smooth_quant(SmoothQuantConfig(model=src, work_dir=str(tmp_path / "c"), scheme="fp8"))
     assert fp8.ignored == []
+
+
+def test_phi3_ignore_names_the_linears_of_its_llama_view(tiny_models, tmp_path):
+    """Phi-3 is quantized as its Llama view (lmd.lite.llama_view): --ignore takes the view's q/k/v and gate/up, and the
+    checkpoint keeps exactly those in 16 bits."""
+    from safetensors.torch import load_file
+
+    out = tmp_path / "w8a8"
+    result = smooth_quant(SmoothQuantConfig(model=str(tiny_models("phi3")), work_dir=str(out), scheme="int8",
+                                            dtype="float32", ignore=("q_proj", "k_proj", "v_proj")))
+    assert sorted(result.ignored) == [f"model.layers.{i}.self_attn.{p}_proj" for i in range(2) for p in "kqv"]
+    tensors = load_file(str(out / "model.safetensors"))
+    assert "model.layers.0.self_attn.q_proj.weight_scale" not in tensors
+    assert "model.layers.0.mlp.up_proj.weight_scale" in tensors

@@ -39,6 +39,8 @@ def _split(text: str, size: int, inside: bool = False) -> tuple[str, str]:
     ("Paris. <think>no</think>", False, "", "Paris. <think>no</think>"),  # a tag after the answer is content
     ("The user asks.\n</think>\n\nParis.", True, "The user asks.", "Paris."),  # the prompt opened the reasoning
     ("a < b </thin k> c</think>d", True, "a < b </thin k> c", "d"),
+    ("<think>\nrepeated tag</think>X", True, "repeated tag", "X"),  # the prompt opened it, the reply opens it again
+    ("  <thi", True, "<thi", ""),  # inside from the start: a tag that never completed is reasoning
 ])
 def test_every_split_of_the_text_gives_the_whole_replys_answer(text, inside, reasoning, content):
     for size in (1, 2, 3, 7, len(text) + 1):
@@ -123,6 +125,16 @@ def test_enable_thinking_reaches_the_template_and_decides_where_the_reply_starts
     message = thinking_client.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
     assert prompts[-1].endswith("<|im_start|>assistant\n") and "<think>" not in prompts[-1]
     assert (message["reasoning_content"], message["content"]) == (None, "Paris.")
+
+
+def test_a_grammar_starts_the_reply_outside_the_reasoning_the_prompt_opened(engine, thinking_client, forced,
+                                                                           monkeypatch):
+    monkeypatch.setattr(engine.tokenizer, "chat_template", OPEN_THINK_TEMPLATE)
+    prompts = forced("Paris")
+    body = {"messages": ASK, "guided_choice": ["Paris", "Rome"]}
+    message = thinking_client.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
+    assert prompts[-1].endswith("<think>\n")
+    assert (message["reasoning_content"], message["content"]) == (None, "Paris")
 
 
 @pytest.mark.parametrize(("kwargs", "words"), [
