@@ -119,7 +119,7 @@ class _Server:
         if (body.prompt is None) == (body.messages is None):
             raise bad_request("prompt", "send exactly one of prompt (text) and messages (a conversation)")
         if body.messages is not None:
-            ids = self.encode_messages(body.messages)
+            ids = self.encode_messages(body.messages, template_kwargs=body.chat_template_kwargs)
         else:
             ids = list(self.engine.tokenizer(body.prompt, add_special_tokens=body.add_special_tokens)["input_ids"])
         return {"count": len(ids), "max_model_len": self.engine.max_len, "tokens": ids}

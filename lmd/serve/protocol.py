@@ -220,6 +220,7 @@ class TokenizeRequest(BaseModel):
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True  # prompt form: the tokenizer's BOS etc., as /v1/completions encodes it
+    chat_template_kwargs: dict[str, Any] | None = None  # messages form: as /v1/chat/completions takes them
 
 
 class DetokenizeRequest(BaseModel):

@@ -21,6 +21,10 @@ def test_tokenize_a_prompt_and_messages_as_generation_encodes_them(client, engin
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
     chat = _post(client, "/tokenize", messages=messages).json()
     assert chat["tokens"] == engine.encode(messages) and chat["count"] == len(chat["tokens"])
+    varied = _post(client, "/tokenize", messages=messages, chat_template_kwargs={"unused_variable": 1}).json()
+    assert varied["tokens"] == chat["tokens"]  # variables reach the template (this one reads none)
+    refused = _post(client, "/tokenize", messages=messages, chat_template_kwargs={"tools": []})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "chat_template_kwargs"
     # the same count the completion's usage reports
     usage = _post(client, "/v1/completions", prompt=text, max_tokens=1, temperature=0).json()["usage"]
     assert usage["prompt_tokens"] == body["count"]
