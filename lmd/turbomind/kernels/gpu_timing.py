@@ -31,20 +31,6 @@ def cold_call_ms(fn: Callable[[], object], flush: torch.Tensor, reps: int = 15) 
     return sorted(s.elapsed_time(e) for s, e in times)[reps // 2]
 
 
-_POOLS: dict[int, tuple[int, int]] = {}
-
-
-def _timing_pool() -> tuple[int, int]:
-    """One memory pool for every timing graph of the current device. Each graph captured into a private pool of its
-    own keeps that pool until an allocation fails outside a capture (inside one it raises OutOfMemoryError instead),
-    so thousands of tuning captures would exhaust the GPU; in one shared pool a capture reuses what the graphs
-    before it (deleted) freed."""
-    device = torch.cuda.current_device()
-    if device not in _POOLS:
-        _POOLS[device] = torch.cuda.graph_pool_handle()
-    return _POOLS[device]
-
-
 def graph_ms(fns: Sequence[Callable[[], object]], reps: int = 7) -> float:
     """Median GPU time per fn of running every fn in order, captured as one CUDA graph (warmed up outside it)."""
     stream = torch.cuda.Stream()
@@ -55,7 +41,7 @@ def graph_ms(fns: Sequence[Callable[[], object]], reps: int = 7) -> float:
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=_timing_pool()):
+    with torch.cuda.graph(graph):  # entering frees the private pools of the graphs deleted before (empty_cache)
         for fn in fns:
             fn()
     graph.replay()
