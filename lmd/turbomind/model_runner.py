@@ -7,7 +7,6 @@ The runner owns everything on the device: the model's weights and the KV cache p
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 
@@ -25,10 +24,9 @@ from lmd.turbomind.scheduler import SchedulerOutput
 from lmd.turbomind.torchrun_env import check_world, join_torchrun_group, torchrun_env
 from lmd.turbomind.torchrun_workers import TorchrunWorkers
 from lmd.turbomind.tp_group import (
-    TIMEOUT_ENV,
-    abort_tp_group,
     all_reduce_min,
     all_reduce_sum,
+    await_replay,
     check_no_tp_group,
     free_port,
     join_tp_group,
@@ -271,7 +269,7 @@ class ModelRunner:
             with self._guard():
                 logits = graphs.run(chunks, patch, rows)
                 if self.world > 1:
-                    self._await_replay()
+                    await_replay(self.workers.check_alive if self.workers is not None else None)
                 return logits
         if self.stage is not None:
             return self.run_chunks(chunks, rows)
@@ -381,25 +379,6 @@ class ModelRunner:
         if self.workers is not None:
             self.workers.send((chunks, rows, False))
         return ForwardBatch.build(chunks, self.block_size, rows, self.device)
-
-    def _await_replay(self) -> None:
-        """Wait for a replayed step of tp > 1 without blocking in CUDA: the collectives inside a graph are not watched
-        by NCCL's watchdog, so a rank that died would leave this one waiting for ever. Polling notices a dead worker
-        and bounds the wait by LMD_TP_TIMEOUT; then the group is aborted, which ends the kernels stuck in it."""
-        done = torch.cuda.Event()
-        done.record()
-        deadline = time.monotonic() + timeout_s()
-        while not done.query():
-            try:
-                if self.workers is not None:
-                    self.workers.check_alive()
-                if time.monotonic() > deadline:
-                    raise LmdError(f"a replayed tensor-parallel step did not finish in {timeout_s():.0f} s "
-                                   f"({TIMEOUT_ENV}); close this engine and open a new one")
-            except LmdError:
-                abort_tp_group()
-                raise
-            time.sleep(5e-5)
 
     def _guard(self) -> AbstractContextManager[None]:
         return self.workers.guard() if self.workers is not None else nullcontext()

@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import time
+from collections.abc import Callable
 from datetime import timedelta
 
 import torch
@@ -91,6 +93,27 @@ def abort_tp_group() -> None:
     if abort is not None and dist.is_initialized():
         with contextlib.suppress(Exception):
             abort()
+
+
+def await_replay(check_alive: Callable[[], None] | None) -> None:
+    """Wait for a replayed step of tp > 1 without blocking in CUDA: the collectives inside a graph are not watched
+    by NCCL's watchdog, so a rank that died would leave this one waiting for ever. Polling notices a dead worker
+    (`check_alive` raises) and bounds the wait by LMD_TP_TIMEOUT; then the group is aborted, which ends the kernels
+    stuck in it."""
+    done = torch.cuda.Event()
+    done.record()
+    deadline = time.monotonic() + timeout_s()
+    while not done.query():
+        try:
+            if check_alive is not None:
+                check_alive()
+            if time.monotonic() > deadline:
+                raise LmdError(f"a replayed tensor-parallel step did not finish in {timeout_s():.0f} s "
+                               f"({TIMEOUT_ENV}); close this engine and open a new one")
+        except LmdError:
+            abort_tp_group()
+            raise
+        time.sleep(5e-5)
 
 
 def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
