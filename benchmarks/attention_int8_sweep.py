@@ -8,7 +8,8 @@ make fp16 KV decode faster at short contexts (`--grid-kv fp16`). A CUDA machine.
 Random K/V codes and (scale, zero) per token (timing does not depend on their values), `--layers` separate pools
 visited in turn so L2 never holds the next call's KV; each candidate is a CUDA graph of every layer's decode call x 5,
 median of 5 replays, per layer call. Each int8 config's output is checked against the default config's.
-`--mha-grid` adds the CUDA-core decode kernel's configs (one query head per KV head) on fp16 KV.
+`--mha-grid` adds the CUDA-core decode kernel's configs (one query head per KV head), and the dot kernel's, on
+either KV (on int8 the dot kernel's entry is its config before the CUDA-core kernel took int8).
 `--small-grid`: block_n 32/64 x 1/2/4 warps x 1/2 stages, the context split chosen as the engine does (the decode
 configs to choose between by batch size); `--batches` runs the sweep at each batch size in turn. `--block-order`:
 each sequence's blocks scattered over the pool at random (default), or consecutive as a fresh engine hands them out.
@@ -43,7 +44,7 @@ GRID = [AttentionConfig(block_n=bn, decode_warps=w, num_stages=s, num_splits=sp)
     for bn, w, s, sp in ((32, 1, 2, 2), (32, 1, 1, 2), (64, 4, 2, 2), (64, 2, 2, 2), (32, 1, 2, 4), (64, 4, 2, 4))]
 SMALL_GRID = [AttentionConfig(block_n=bn, decode_warps=w, num_stages=s)
               for bn, w, s in itertools.product((32, 64), (1, 2, 4), (1, 2))]
-# the CUDA-core decode kernel for one query head per KV head (`paged_decode_kernel`), fp16 KV, at launches of at least
+# the CUDA-core decode kernel for one query head per KV head (`paged_decode_kernel`), at launches of at least
 # WIDE_PROGRAMS_PER_SM programs an SM (its loads are not pipelined: stages change nothing); and the dot kernel's
 # configs as the engine ran them before that kernel
 MHA_GRID = [AttentionConfig(mha_decode=(bn, w, 1)) for bn, w in itertools.product((8, 16, 32, 64), (1, 2, 4))] + [
@@ -85,7 +86,7 @@ def main() -> None:
     p.add_argument("--grid-kv", default="int8", help="KV dtypes (fp16, int8) timed over the whole config grid")
     p.add_argument("--small-grid", action="store_true", help="the 12 decode configs of SMALL_GRID, not the full grid")
     p.add_argument("--mha-grid", action="store_true",
-                   help="also the CUDA-core MHA decode kernel's configs (MHA_GRID) on fp16 KV")
+                   help="also the CUDA-core MHA decode kernel's configs and the dot kernel's (MHA_GRID)")
     p.add_argument("--block-order", default="random", choices=("random", "sequential"),
                    help="blocks of a sequence: scattered at random, or consecutive")
     p.add_argument("--batches", default="", help="comma list of batch sizes, each swept in turn (overrides --batch)")
@@ -102,7 +103,7 @@ def main() -> None:
         base = [r for r in rows if r["default"]]
         print(f"\nbatch {batch} ctx {ctx}: " + "; ".join(f"{r['kv']} default {r['us']:.1f} µs ({r['tbs']:.2f} TB/s)"
                                                       for r in base))
-        for kv in sorted(grid_kv):
+        for kv in sorted({r["kv"] for r in rows if r["kv"] in grid_kv or r.get("mha_decode") or r["wide_decode"]}):
             for r in sorted((r for r in rows if r["kv"] == kv), key=lambda r: r["us"])[:8]:
                 wide = f" (wide decode {r['wide_decode']})" if r["wide_decode"] else ""
                 wide += " (CUDA-core MHA)" if r.get("mha_decode") else ""
@@ -127,7 +128,7 @@ def sweep(batch: int, args: argparse.Namespace) -> list[dict]:
             default = default_config(D, torch.float16)
             ref = run(default)[0].float()
             swept = list(grid) if ("int8" if int8 else "fp16") in grid_kv else []
-            swept += MHA_GRID if args.mha_grid and not int8 else []
+            swept += MHA_GRID if args.mha_grid else []
             for cfg in [default] + swept:
                 try:
                     out = run(cfg)[0].float()

@@ -17,6 +17,7 @@ Writes $OUT/gpu_attention_tests.json when OUT is set; prints a short table last;
 from __future__ import annotations
 
 import argparse
+import copy
 import itertools
 import json
 import os
@@ -147,18 +148,20 @@ def _relative_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return torch.where(same, 0.0, rel).max().item()
 
 
-def check_rope_decode(dtype: torch.dtype, gen: torch.Generator) -> dict:
+def check_rope_decode(dtype: torch.dtype, gen: torch.Generator, kv: str = "float") -> dict:
     """RoPE + KV write + decode attention in one launch (`rope_decode_attention`, Llama-2-7B heads, batch 64)
-    against rotating, writing and attending with the reference; the written K/V pools compared too."""
+    against rotating, writing and attending with the reference; the written K/V compared too (float: the pools'
+    bits; int8: the values read back, within one code step of the reference's)."""
     from lmd.turbomind.kernels.paged_attention import attention_meta
     from lmd.turbomind.kernels.paged_decode import rope_decode_attention
     from lmd.turbomind.kernels.rotary import rotary_qkv_triton
+    from lmd.turbomind.paged_attention import _int8_params
     from lmd.turbomind.rope import rotary_qkv_reference
 
     shape = SHAPES[6]
-    cache, batch, _ = build(shape, "llama2-7b", dtype, "float", 64, gen)
+    cache, batch, _ = build(shape, "llama2-7b", dtype, kv, 64, gen)
+    ref_cache = copy.deepcopy(cache)
     hq, _, d = MODELS["llama2-7b"]
-    pools = [cache.k[0].clone(), cache.v[0].clone()]
     rotary_pools = [cache.k[0].clone(), cache.v[0].clone()]
     t = batch.num_tokens
     qkv = torch.randn(t, 3 * hq * d, device=DEVICE, dtype=dtype)
@@ -166,27 +169,45 @@ def check_rope_decode(dtype: torch.dtype, gen: torch.Generator) -> dict:
     cos, sin = torch.cat([angles.cos()] * 2, -1).to(dtype), torch.cat([angles.sin()] * 2, -1).to(dtype)
     scale = d**-0.5
     q, k, v = rotary_qkv_reference(qkv, cos, sin, hq, hq, d)
-    cache.write(0, k, v, batch.slots)
-    exact = paged_attention_reference(q, cache, 0, batch, scale, fused=False).float()
-    sdpa_err = (paged_attention_reference(q, cache, 0, batch, scale, fused=True).float() - exact).abs().max().item()
+    ref_cache.write(0, k, v, batch.slots)
+    exact = paged_attention_reference(q, ref_cache, 0, batch, scale, fused=False).float()
+    sdpa = paged_attention_reference(q, ref_cache, 0, batch, scale, fused=True).float()
+    sdpa_err = (sdpa - exact).abs().max().item()
     meta = attention_meta(batch.q_starts, batch.q_lens, batch.ctx_lens, batch.block_tables, qkv.device)
-    out = rope_decode_attention(qkv, cos, sin, batch.slots, *pools, meta, scale, hq)
-    flat = [p.view(-1, hq, d) for p in rotary_pools]
-    rotary_qkv_triton(qkv, cos, sin, hq, hq, d, *flat, batch.slots)  # what the two-launch path stores
+    out = rope_decode_attention(qkv, cos, sin, batch.slots, cache.k[0], cache.v[0], meta, scale, hq,
+                                **_int8_params(cache, 0))
     row = dict(shape=f"{shape.name} rope+write", model="llama2-7b", dtype=str(dtype).removeprefix("torch."),
-               kv="float", block=64, ok=False, max_err=float("inf"), sdpa_err=sdpa_err, kernel_ms=float("nan"),
+               kv=kv, block=64, ok=False, max_err=float("inf"), sdpa_err=sdpa_err, kernel_ms=float("nan"),
                reference_ms=float("nan"), kernel_gbps=float("nan"))
-    if out is not None:
+    if out is not None and kv == "float":
         err = (out.float() - exact).abs().max().item()
+        pools = (cache.k[0], cache.v[0])
         # the stored keys: one rounding of the rotation against the reference's two, a unit in the last place
-        pool_err = max(_relative_diff(a, b) for a, b in zip(pools, (cache.k[0], cache.v[0]), strict=True))
+        pool_err = max(_relative_diff(a, b) for a, b in zip(pools, (ref_cache.k[0], ref_cache.v[0]), strict=True))
         ok = err <= max(TOL[dtype], 2 * sdpa_err) and pool_err <= 2 * torch.finfo(dtype).eps
         # informational: the rotation's FMA contraction may differ between the two kernels by one rounding
+        flat = [p.view(-1, hq, d) for p in rotary_pools]
+        rotary_qkv_triton(qkv, cos, sin, hq, hq, d, *flat, batch.slots)  # what the two-launch path stores
         same = all(torch.equal(a, b) for a, b in zip(pools, rotary_pools, strict=True))
         row.update(max_err=err, pool_err=pool_err, ok=ok, same_bits_as_rotary_kernel=same)
+    elif out is not None:
+        err = (out.float() - exact).abs().max().item()
+        # int8: a code one step off where the rotation's last-place difference crosses a rounding boundary
+        steps, pool_err = 0.0, 0.0
+        for table, ctx in zip(batch.block_tables, batch.ctx_lens, strict=True):
+            for a, b in zip(cache.read(0, table, ctx), ref_cache.read(0, table, ctx), strict=True):
+                pool_err = max(pool_err, (a.float() - b.float()).abs().max().item())
+            if kv == "int8-online":  # the written tokens' steps (the rest of the pool is uninitialised)
+                steps = max(steps, *(p[0][table].flatten(0, 1)[:ctx, :, 0].float().max().item()
+                                     for p in (ref_cache.k_param, ref_cache.v_param)))
+        if kv != "int8-online":
+            s = ref_cache.static
+            steps = max(s.k_scale[0].max().item(), s.v_scale[0].max().item())
+        ok = err <= max(TOL[dtype], 2 * sdpa_err) + steps / 4 and pool_err <= 1.01 * steps + TOL[dtype]
+        row.update(max_err=err, pool_err=pool_err, ok=ok, code_step=steps)
     status = "ok  " if row["ok"] else "FAIL"
-    print(f"{status} {row['shape']:24s} llama2-7b {row['dtype']:8s} one launch: err {row['max_err']:.1e} (sdpa "
-          f"{sdpa_err:.1e}), K/V pools relative {row.get('pool_err', float('nan')):.1e}, the rotary kernel's bits "
+    print(f"{status} {row['shape']:24s} llama2-7b {row['dtype']:8s} {kv:19s} one launch: err {row['max_err']:.1e} "
+          f"(sdpa {sdpa_err:.1e}), K/V {row.get('pool_err', float('nan')):.1e}, the rotary kernel's bits "
           f"{row.get('same_bits_as_rotary_kernel')}", flush=True)
     return row
 
@@ -264,7 +285,10 @@ def print_summary(results: list[dict]) -> None:
         )
 
 
-def runs(quick: bool) -> list[tuple[Shape, str, torch.dtype, str, int]]:
+def runs(quick: bool, mha_int8: bool = False) -> list[tuple[Shape, str, torch.dtype, str, int]]:
+    if mha_int8:  # the decode shapes wide enough for the CUDA-core kernel, Llama-2-7B's MHA
+        return [(shape, "llama2-7b", dtype, kv, 64) for shape in (SHAPES[2], SHAPES[6]) for kv in KV_MODES[1:]
+                for dtype in (torch.float16, torch.bfloat16)]
     out = []
     models = ("gqa-32/8", "llama2-7b") if quick else tuple(MODELS)
     for model in models:
@@ -288,18 +312,23 @@ def main() -> int:
     parser.add_argument("--sweep-only", action="store_true", help="only the config sweep (a second 10-minute call)")
     parser.add_argument("--sweep-decode64", action="store_true",
                         help="only the sweep of batch-64 decode at ~150 tokens of context, MHA and GQA")
+    parser.add_argument("--mha-int8", action="store_true",
+                        help="only the MHA decode checks on int8 KV (the CUDA-core kernel), RoPE and the write folded "
+                             "in or not, fp16 and bf16, no sweep")
     args = parser.parse_args()
     gen = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
     print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
-    results = [] if args.sweep_only or args.sweep_decode64 else [check(*run, gen) for run in runs(args.quick)]
+    results = [] if args.sweep_only or args.sweep_decode64 else [check(*run, gen) for run in runs(args.quick,
+                                                                                                  args.mha_int8)]
     if not (args.sweep_only or args.sweep_decode64):
-        results += [check_rope_decode(dtype, gen) for dtype in (torch.float16, torch.bfloat16)]
+        kv_modes = KV_MODES[1:] if args.mha_int8 else KV_MODES
+        results += [check_rope_decode(dtype, gen, kv) for dtype in (torch.float16, torch.bfloat16) for kv in kv_modes]
     sweeps: list[dict] = []
     if args.sweep_decode64:
         for model in ("llama2-7b", "gqa-32/8"):
             sweeps += sweep(SHAPES[6], model, DECODE_CONFIGS + SPLIT_CONFIGS[1:3], gen)
-    elif not (args.quick or args.no_sweep):
+    elif not (args.quick or args.no_sweep or args.mha_int8):
         sweeps += sweep(SHAPES[0], "gqa-32/8", DECODE_CONFIGS, gen)
         sweeps += sweep(SHAPES[1], "llama2-7b", DECODE_CONFIGS[:1] + SPLIT_CONFIGS, gen)
         sweeps += sweep(SHAPES[1], "gqa-32/8", DECODE_CONFIGS[:1] + SPLIT_CONFIGS, gen)

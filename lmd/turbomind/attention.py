@@ -3,9 +3,9 @@ paged cache, paged attention, wo.
 
 RoPE and the KV write (float or online int8) are one Triton kernel on CUDA (kernels/rotary.py, LMD_LAYER_OPS); the
 PyTorch path (rope.rotary_qkv_reference, KVCache.write) is the CPU path and its oracle. A batch of MHA decodes wide
-enough for the CUDA-core decode kernel folds RoPE and the KV write into the attention launch instead
-(paged_attention.rope_decode_attention, kernels/paged_decode.py). The q/k norms run first, in place on the fused
-projection, so every one of these paths sees normalised heads."""
+enough for the CUDA-core decode kernel folds RoPE and the KV write (float, online or static int8) into the
+attention launch instead (paged_attention.rope_decode_attention, kernels/paged_decode.py). The q/k norms run first,
+in place on the fused projection, so every one of these paths sees normalised heads."""
 
 from __future__ import annotations
 
@@ -38,13 +38,13 @@ class Attention:
         kernel = layer_kernel(qkv, "rotary")
         if (kernel is not None and qkv.stride(-1) == 1 and cos.shape[-1] % 2 == 0 and cos.is_contiguous()
                 and sin.stride() == cos.stride()):
+            out = rope_decode_attention(qkv, cos, sin, cache, self.layer, batch, self.scale, self.q_heads,
+                                        self.kv_heads, self.fused)
+            if out is not None:  # MHA decodes: RoPE, the KV write and the attention in one launch
+                return self.wo(out.reshape(t, self.q_heads * d))
             slots = cache.float_slots(self.layer)  # float cache: K and V stored by the same kernel
             codes = cache.online_int8_slots(self.layer)  # online int8: quantized and stored by it too
             if slots is not None:
-                out = rope_decode_attention(qkv, cos, sin, cache, self.layer, batch, self.scale, self.q_heads,
-                                            self.kv_heads, self.fused)
-                if out is not None:  # MHA decodes: RoPE, the KV write and the attention in one launch
-                    return self.wo(out.reshape(t, self.q_heads * d))
                 q, _, _ = kernel.rotary_qkv_triton(qkv, cos, sin, self.q_heads, self.kv_heads, d, *slots, batch.slots)
             elif codes is not None:
                 k_codes, v_codes, k_param, v_param = codes

@@ -55,9 +55,9 @@ def rope_decode_attention(
 ) -> torch.Tensor | None:
     """RoPE of the fused projection qkv [T, (Hq + 2 Hkv) D], the KV write and the attention in one Triton launch
     (kernels/paged_decode.rope_decode_attention): out [T, Hq, D], or None where the batch does not qualify (a
-    prefill chunk, GQA, int8 KV, a token tree, the reference path, too few programs), and the caller rotates, writes
-    and calls `paged_attention`."""
-    if num_heads != kv_heads or cache.int8 or batch.tree is not None or qkv.dim() != 2 or not qkv.shape[0]:
+    prefill chunk, GQA, a token tree, the reference path, too few programs), and the caller rotates, writes and
+    calls `paged_attention`. An int8 cache's new keys and values are quantized and stored by the launch too."""
+    if num_heads != kv_heads or batch.tree is not None or qkv.dim() != 2 or not qkv.shape[0]:
         return None
     if batch.num_tokens != len(batch.q_lens):  # a chunk of more than one token: no views or metadata to build
         return None
@@ -66,7 +66,8 @@ def rope_decode_attention(
         return None
     meta = _batch_meta(_kernels(), batch, qkv.device)
     return triton_module("paged_decode").rope_decode_attention(qkv, cos, sin, batch.slots, cache.k[layer],
-                                                               cache.v[layer], meta, scale, num_heads)
+                                                               cache.v[layer], meta, scale, num_heads,
+                                                               **_int8_params(cache, layer))
 
 
 def triton_attention_runs(q: torch.Tensor, cache: KVCache, fused: bool = True) -> bool:
@@ -148,15 +149,19 @@ def _run_kernels(
     scale: float,
     config: AttentionConfig | None = None,
 ) -> torch.Tensor:
-    k_param = v_param = static = None
-    if cache.int8 and cache.static is not None:
-        static = _static_table(cache, layer)
-    elif cache.int8:
-        k_param, v_param = cache.k_param[layer], cache.v_param[layer]
     meta = _batch_meta(kernels, batch, q.device)
-    return kernels.paged_attention_triton(
-        q, cache.k[layer], cache.v[layer], meta, scale, k_param=k_param, v_param=v_param, static=static, config=config
-    )
+    return kernels.paged_attention_triton(q, cache.k[layer], cache.v[layer], meta, scale, config=config,
+                                          **_int8_params(cache, layer))
+
+
+def _int8_params(cache: KVCache, layer: int) -> dict[str, torch.Tensor]:
+    """The kernels' keyword arguments for one layer of an int8 cache (k_param and v_param, or static); none for a
+    float cache."""
+    if not cache.int8:
+        return {}
+    if cache.static is not None:
+        return {"static": _static_table(cache, layer)}
+    return {"k_param": cache.k_param[layer], "v_param": cache.v_param[layer]}
 
 
 _last_batch: tuple[weakref.ref[ForwardBatch], AttentionMeta] | None = None

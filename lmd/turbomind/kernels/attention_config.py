@@ -29,10 +29,10 @@ class AttentionConfig:
     # faster alone at contexts 128-256 (level at 1024); a batch-64 step's attention went 2.12 -> 1.93 ms with it (two
     # calls); at batch 16 (4 programs per SM) it is slower (docs/benchmarks.md, eighteenth session)
     wide_decode: tuple[int, int, int] | None = None
-    # (block_n, warps, stages) of a float-KV decode launch of at least WIDE_PROGRAMS_PER_SM programs per SM with one
-    # query head per KV head, on the CUDA-core kernel (`paged_decode_kernel`); None: the dot kernel. Its loads are not
-    # pipelined, so it needs many programs: at batch 64 it is 8 % faster than the dot kernel's wide config, at batch
-    # 16 up to 40 % slower (docs/benchmarks.md, twentieth session)
+    # (block_n, warps, stages) of a decode launch (float or int8 KV) of at least WIDE_PROGRAMS_PER_SM programs per SM
+    # with one query head per KV head, on the CUDA-core kernel (`paged_decode_kernel`); None: the dot kernel. Its
+    # loads are not pipelined, so it needs many programs: at batch 64 (float KV) it is 8 % faster than the dot
+    # kernel's wide config, at batch 16 up to 40 % slower (docs/benchmarks.md, twentieth session)
     mha_decode: tuple[int, int, int] | None = None
 
 
@@ -84,15 +84,15 @@ def decode_splits(programs: int, max_ctx: int, cfg: AttentionConfig, device: tor
 
 
 def wide_decode_launch(programs: int, float_kv: bool, device: torch.device) -> bool:
-    """A float-KV decode launch of at least WIDE_PROGRAMS_PER_SM programs per SM: where `wide_decode` and
-    `mha_decode` apply (int8 KV's best configs differ, docs/benchmarks.md)."""
+    """A float-KV decode launch of at least WIDE_PROGRAMS_PER_SM programs per SM: where the dot kernel's
+    `wide_decode` applies (int8 KV's best configs differ, docs/benchmarks.md)."""
     return float_kv and programs >= WIDE_PROGRAMS_PER_SM * sm_count(device)
 
 
-def mha_decode_blocks(programs: int, group: int, float_kv: bool, cfg: AttentionConfig,
+def mha_decode_blocks(programs: int, group: int, cfg: AttentionConfig,
                       device: torch.device) -> tuple[int, int, int] | None:
     """(block_n, warps, stages) of the CUDA-core MHA decode kernel for a launch of `programs` (sequence, KV head)
-    pairs with `group` query heads per KV head, or None: the dot kernel."""
-    if group != 1 or not cfg.mha_decode or not wide_decode_launch(programs, float_kv, device):
+    pairs with `group` query heads per KV head (float or int8 KV), or None: the dot kernel."""
+    if group != 1 or not cfg.mha_decode or programs < WIDE_PROGRAMS_PER_SM * sm_count(device):
         return None
     return cfg.mha_decode

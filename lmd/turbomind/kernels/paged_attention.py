@@ -166,14 +166,14 @@ def paged_attention_triton(
     programs = num_decode * kv_heads
     splits = decode_splits(programs, meta.max_decode_ctx, cfg, q.device)
     wide = wide_decode_launch(programs, kv_mode == 0, q.device)
-    mha = mha_decode_blocks(programs, group, kv_mode == 0, cfg, q.device)
+    mha = mha_decode_blocks(programs, group, cfg, q.device)
     if splits == 1:
         part = part_ml = out
     else:
         part = torch.empty((num_decode, num_heads, splits, d), dtype=torch.float32, device=q.device)
         part_ml = torch.empty((num_decode, num_heads, splits, 2), dtype=torch.float32, device=q.device)
     if mha:
-        launch_mha(q, out, part, part_ml, k, v, meta, scale, splits, mha, strides[:8])
+        launch_mha(q, out, part, part_ml, k, v, meta, scale, splits, mha, strides[:8], (kv_mode, kp, vp, table))
     else:
         rows = max(16, g_pad)
         blocks = (cfg.block_n, cfg.decode_warps, cfg.num_stages)

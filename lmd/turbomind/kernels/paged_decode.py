@@ -36,11 +36,15 @@ def launch_mha(
     splits: int,
     blocks: tuple[int, int, int],
     strides: tuple[int, ...],  # q's token and head, out's token and head, the tables', k's block, token and head
+    kv: tuple[int, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,  # KV_MODE, k_param, v_param, static
     rope: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,  # cos, sin, slots
 ) -> None:
     """The CUDA-core decode kernel (paged_decode_kernel) over meta's decode tiles; with rope, q is the fused
-    projection and the kernel rotates it and stores the new keys and values first."""
+    projection and the kernel rotates it and stores the new keys and values first. kv (`kv_mode_args`; None: a
+    float cache): an int8 cache's online params (KV_MODE 2: [blocks, block, H, 2] fp16 each) or static [4, H, D]
+    fp32 table (KV_MODE 1); the tensors the mode does not read may be any."""
     cos, sin, slots = rope if rope is not None else (q, q, meta.seq_info)
+    kv_mode, kp, vp, static = kv if kv is not None else (0, k, v, k)
     _decode_mha_kernel[(meta.decode_tiles.shape[0], k.shape[2], splits)](
         q,
         out,
@@ -48,6 +52,9 @@ def launch_mha(
         part_ml,
         k,
         v,
+        kp,
+        vp,
+        static,
         meta.tables,
         meta.seq_info,
         meta.decode_tiles,
@@ -57,10 +64,12 @@ def launch_mha(
         scale * LOG2E,
         cos.stride(0),
         *strides,
+        *(kp.stride()[:3] if kv_mode == 2 else (0, 0, 0)),
         BLOCK_N=blocks[0],
         HEAD_DIM=k.shape[3],
         BLOCK_SIZE=k.shape[1],
         SPLITS=splits,
+        KV_MODE=kv_mode,
         ROPE=rope is not None,
         ROT=cos.shape[-1] if rope is not None else 2,
         num_warps=blocks[1],
@@ -80,12 +89,17 @@ def rope_decode_attention(
     scale: float,
     num_heads: int,
     config: AttentionConfig | None = None,
+    *,
+    k_param: torch.Tensor | None = None,
+    v_param: torch.Tensor | None = None,
+    static: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """RoPE, the KV write and decode attention in one launch, for a batch of decodes only with one query head per KV
-    head on a float cache, wide enough for the CUDA-core kernel: qkv [T, 3 H D] (rows contiguous), cos/sin [T, rot],
-    slots [T] int64 (the new tokens' cache slots), k/v one layer's pools -> out [T, H, D], the new keys and values
-    stored as `rotary_qkv_triton` stores them. None where the batch does not qualify: the caller runs the rotary
-    kernel and `paged_attention_triton` (the same values, up to the order of one softmax sum)."""
+    head, wide enough for the CUDA-core kernel: qkv [T, 3 H D] (rows contiguous), cos/sin [T, rot], slots [T] int64
+    (the new tokens' cache slots), k/v one layer's pools (float, or int8 codes with online k_param/v_param or a
+    static table, as `paged_attention_triton` takes them) -> out [T, H, D], the new keys and values stored as
+    `rotary_qkv_triton` / `KVCache.write` store them. None where the batch does not qualify: the caller runs the
+    rotary kernel and `paged_attention_triton` (the same values, up to the order of one softmax sum)."""
     t = qkv.shape[0]
     if not (t and meta.num_tokens == t == meta.decode_tiles.shape[0] and not meta.prefill) or k.dim() != 4:
         return None
@@ -94,16 +108,35 @@ def rope_decode_attention(
         return None
     q = qkv.view(t, 3 * num_heads, d)[:, :num_heads]
     rot = cos.shape[-1]
-    if unsupported_reason(q, k.dtype) or k.dtype != v.dtype or k.stride() != v.stride() or k.stride(3) != 1:
+    kv = kv_mode_args(k, k_param, v_param, static)
+    if kv is None or unsupported_reason(q, k.dtype if kv[0] == 0 else q.dtype) or k.dtype != v.dtype:
         return None
-    if rot % 2 or rot > d or not cos.is_contiguous() or sin.stride() != cos.stride() or slots.shape != (t,):
+    if k.stride() != v.stride() or k.stride(3) != 1 or rot % 2 or rot > d or not cos.is_contiguous():
+        return None
+    if sin.stride() != cos.stride() or slots.shape != (t,):
         return None
     cfg = config or default_config(d, qkv.dtype)
     programs = t * num_heads
-    blocks = mha_decode_blocks(programs, 1, True, cfg, qkv.device)
+    blocks = mha_decode_blocks(programs, 1, cfg, qkv.device)
     if blocks is None or decode_splits(programs, meta.max_decode_ctx, cfg, qkv.device) != 1:
         return None
     out = torch.empty((t, num_heads, d), dtype=qkv.dtype, device=qkv.device)
     strides = (qkv.stride(0), d, out.stride(0), out.stride(1), meta.tables.stride(0), *k.stride()[:3])
-    launch_mha(qkv, out, out, out, k, v, meta, scale, 1, blocks, strides, (cos, sin, slots))
+    launch_mha(qkv, out, out, out, k, v, meta, scale, 1, blocks, strides, kv, (cos, sin, slots))
     return out
+
+
+def kv_mode_args(k: torch.Tensor, k_param: torch.Tensor | None, v_param: torch.Tensor | None,
+                 static: torch.Tensor | None) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """`launch_mha`'s kv argument, (KV_MODE, k_param, v_param, static), for a cache k with these params, or None
+    where they do not fit it: a float cache takes none; int8 codes take online params (fp16 [blocks, block, H, 2],
+    equal strides, the pair contiguous) or a static table (contiguous fp32 [4, H, D])."""
+    if k.dtype != torch.int8:
+        return (0, k, k, k) if k_param is None and v_param is None and static is None else None
+    if static is not None:
+        ok = k_param is None and v_param is None and static.is_contiguous() and static.dtype == torch.float32
+        return (1, k, k, static) if ok and static.shape == (4, *k.shape[2:]) else None
+    if k_param is None or v_param is None or k_param.dtype != torch.float16 or v_param.dtype != torch.float16:
+        return None
+    ok = k_param.shape == v_param.shape == (*k.shape[:3], 2) and k_param.stride() == v_param.stride()
+    return (2, k_param, v_param, k) if ok and k_param.stride(3) == 1 else None

@@ -29,6 +29,25 @@ def _round_half_even(y):
 
 
 @triton.jit
+def int8_codes(xf, scale, zero):
+    """`kv_int8.quantize` in fp32: round half to even of (x - zero) / scale (IEEE division), clamped to int8."""
+    codes = _round_half_even(tl.math.div_rn(xf - zero, scale))
+    return tl.minimum(tl.maximum(codes, -128.0), 127.0).to(tl.int8)
+
+
+@triton.jit
+def online_int8(xf, mask):
+    """`kv_int8.online_params` then `quantize` of rows xf [R, BLOCK_D] fp32 whose real columns are `mask`: codes
+    [R, BLOCK_D] int8 and each row's scale, zero [R] (fp32 holding their fp16 values, as stored)."""
+    hi = tl.max(tl.where(mask, xf, float("-inf")), axis=1)
+    lo = tl.min(tl.where(mask, xf, float("inf")), axis=1)
+    zero = ((hi + lo) / 2.0).to(tl.float16).to(tl.float32)
+    reach = tl.maximum(hi - zero, zero - lo)
+    scale = (tl.maximum(tl.math.div_rn(reach, 127.5), 6.2e-5) * (1 + 2.0 ** -10)).to(tl.float16).to(tl.float32)
+    return int8_codes(xf, scale[:, None], zero[:, None]), scale, zero
+
+
+@triton.jit
 def _rotary_qkv_kernel(qkv_ptr, cos_ptr, sin_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, kp_ptr, vp_ptr, stride_qkv,
                        stride_cs, Q_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, D: tl.constexpr, ROT: tl.constexpr,
                        BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, TO_SLOTS: tl.constexpr, INT8: tl.constexpr,
@@ -61,15 +80,7 @@ def _rotary_qkv_kernel(qkv_ptr, cos_ptr, sin_ptr, slot_ptr, q_ptr, k_ptr, v_ptr,
         kv_heads = tl.where(is_k, heads - Q_HEADS, heads - Q_HEADS - KV_HEADS)
         dst = (row * KV_HEADS + kv_heads[:, None]) * D + d[None, :]
         if INT8:
-            xf = x.to(tl.float32)
-            hi = tl.max(tl.where(mask, xf, float("-inf")), axis=1)
-            lo = tl.min(tl.where(mask, xf, float("inf")), axis=1)
-            zero = ((hi + lo) / 2.0).to(tl.float16).to(tl.float32)
-            reach = tl.maximum(hi - zero, zero - lo)
-            scale = (tl.maximum(tl.math.div_rn(reach, 127.5), 6.2e-5) * (1 + 2.0 ** -10)).to(tl.float16)
-            scale = scale.to(tl.float32)
-            codes = _round_half_even(tl.math.div_rn(xf - zero[:, None], scale[:, None]))
-            codes = tl.minimum(tl.maximum(codes, -128.0), 127.0).to(tl.int8)
+            codes, scale, zero = online_int8(x.to(tl.float32), mask)
             p = (row * KV_HEADS + kv_heads) * 2
             if is_k:
                 tl.store(k_ptr + dst, codes, mask=mask)
