@@ -41,7 +41,7 @@ from lmd.turbomind.kernels.w4a16_timer import tune_timer  # noqa: E402
 SHAPES = {"llama2-7b": LLAMA2_7B,  # Llama-3-8B: 32 heads / 8 KV heads, vocab 128256
           "llama3-8b": dict(zip(SHAPE_KEYS, (4096, 14336, 32, 32, 8), strict=True), vocab_size=128256)}
 GROUPS = (  # first match wins: (group, substrings of the kernel name, lower case)
-    ("attention", ("_attention_kernel", "_combine_kernel", "flash", "sdpa", "attention")),
+    ("attention", ("_attention_kernel", "_decode_mha_kernel", "_combine_kernel", "flash", "sdpa", "attention")),
     ("fused layer ops", ("rms", "silu", "rotary", "rope", "norm")),
     ("GEMM", ("nvjet", "gemm", "gemv", "dense_mma", "split_sum", "cutlass", "_wt_kernel", "sm90_xmma", "ampere", "cublas",
               "matmul", "splitk")),
