@@ -29,12 +29,15 @@
 #           $OUT/timer and the tree's w4a16_plans/ (copy it there here as well before `timer steps` if the machine
 #           was not kept); `timer steps`: the int4 step at batch 1 / 16 / 64 with each timer's table (about 4
 #           minutes).
-#   kv8:    int8 KV on the CUDA-core MHA decode kernel (RoPE and the quantized write folded in): its GPU checks
-#           (benchmarks/gpu_attention_tests.py --mha-int8), decode attention at batch 64 / 128 on float and int8 KV
-#           beside the dot kernel (attention_int8_sweep.py --mha-grid), and the int4 step at batch 128, context 256
-#           with float and int8 KV (decode_step_kernels.py) (about 5 minutes).
+#   kv8:    int8 KV on the CUDA-core MHA decode kernel (RoPE and the quantized write folded in), parts in the order
+#           given (default: checks serve steps, about 9 minutes; carry .peers): `checks` its GPU checks
+#           (benchmarks/gpu_attention_tests.py --mha-int8; a failure stops the call), `sweep` decode attention at
+#           batch 64 / 128 on float and int8 KV beside the dot kernel (attention_int8_sweep.py --mha-grid), `serve`
+#           the 1000 requests on lmd alone, fp16 and int4, each with float and int8 KV, `steps` the int4 step at
+#           batch 128, context 256 with float and int8 KV (decode_step_kernels.py) while time is left.
 #     bash benchmarks/w4a16_mma_gpu_call.sh probe [flags] | decode [fp16|0|default|1 ...] | serve | steps
-#                                           | layout [flags] | wgmma [flags] | table | timer tune|steps | kv8
+#                                           | layout [flags] | wgmma [flags] | table | timer tune|steps
+#                                           | kv8 [checks|sweep|serve|steps ...]
 # Full results in folders under $OUT, one a step or variant; the last lines printed are the tables.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -154,22 +157,46 @@ p = table_file(torch.cuda.get_device_name(), "graph"); sys.exit(0 if p.is_file()
     esac
     ;;
 kv8)
+    parts=("$@")
+    [ $# -eq 0 ] && parts=(checks serve steps)
     mkdir -p "$OUT/kv8"
-    if ! python3 benchmarks/gpu_attention_tests.py --mha-int8 > "$OUT/kv8/checks.txt" 2>&1; then
-        tail -30 "$OUT/kv8/checks.txt"
-        exit 1
-    fi
-    tail -8 "$OUT/kv8/checks.txt"
-    OUT="$OUT/kv8" python3 benchmarks/attention_int8_sweep.py --grid-kv none --mha-grid --batches 64,128 \
-        --contexts 256,1024 > "$OUT/kv8/sweep.txt" 2>&1 || tail -20 "$OUT/kv8/sweep.txt"
-    grep -A8 "^batch" "$OUT/kv8/sweep.txt" || true
-    for qp in 0 4; do
-        name="step_int4_b128_qp$qp"
-        mkdir -p "$OUT/kv8/$name"
-        OUT="$OUT/kv8/$name" python3 benchmarks/decode_step_kernels.py --weights int4 --batch 128 --contexts 256 \
-            --steps 10 --quant-policy $qp > "$OUT/kv8/$name/log.txt" 2>&1 || tail -20 "$OUT/kv8/$name/log.txt"
-        echo "== int4, batch 128, context 256, quant_policy $qp"
-        grep -E "graph replay|^  attention|^  fused|decode_mha" "$OUT/kv8/$name/log.txt" | head -8
+    for part in "${parts[@]}"; do
+        case "$part" in
+        checks)  # any failure: nothing timed
+            if ! python3 benchmarks/gpu_attention_tests.py --mha-int8 > "$OUT/kv8/checks.txt" 2>&1; then
+                tail -30 "$OUT/kv8/checks.txt"
+                exit 1
+            fi
+            tail -8 "$OUT/kv8/checks.txt"
+            ;;
+        sweep)
+            OUT="$OUT/kv8" python3 benchmarks/attention_int8_sweep.py --grid-kv none --mha-grid --batches 64,128 \
+                --contexts 256,1024 > "$OUT/kv8/sweep.txt" 2>&1 || tail -20 "$OUT/kv8/sweep.txt"
+            grep -A8 "^batch" "$OUT/kv8/sweep.txt" || true
+            ;;
+        serve)  # lmd alone (LMDeploy ran beside it in the twenty-seventh session): fp16 and int4, float and int8 KV
+            for model in llama2-7b llama2-7b-int4; do
+                mkdir -p "$OUT/kv8/$model"
+                echo "== $model, lmd, float and int8 KV"
+                python3 benchmarks/serving_workloads.py --workloads real --models $model --no-peer --hf-requests 0 \
+                    --lengths .peers/serving_lengths.json --real-kv-int8 --budget-s 200 --out "$OUT/kv8/$model" 2>&1 \
+                    | tee "$OUT/kv8/$model/log.txt" | tail -9
+            done
+            ;;
+        steps)  # the int4 step at batch 128, context 256, float and int8 KV (about a minute each)
+            for qp in 0 4; do
+                [ "$SECONDS" -gt 480 ] && { echo "steps: out of time"; break; }
+                name="step_int4_b128_qp$qp"
+                mkdir -p "$OUT/kv8/$name"
+                OUT="$OUT/kv8/$name" python3 benchmarks/decode_step_kernels.py --weights int4 --batch 128 \
+                    --contexts 256 --steps 10 --quant-policy $qp > "$OUT/kv8/$name/log.txt" 2>&1 \
+                    || tail -20 "$OUT/kv8/$name/log.txt"
+                echo "== int4, batch 128, context 256, quant_policy $qp"
+                grep -E "graph replay|^  attention|^  GEMM|^  fused" "$OUT/kv8/$name/log.txt" | head -6
+            done
+            ;;
+        *) echo "kv8 parts: checks, sweep, serve, steps" >&2; exit 2 ;;
+        esac
     done
     ;;
 *)
