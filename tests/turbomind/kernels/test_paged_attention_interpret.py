@@ -437,3 +437,22 @@ def test_attention_choice_defaults_to_triton_on_cuda_only(monkeypatch, choice, c
     else:
         monkeypatch.setenv("LMD_ATTENTION", choice)
     assert pa._triton_requested(FakeQ()) is want  # type: ignore[arg-type]
+
+
+def test_mha_launch_takes_int8_params_that_fit_the_cache_only() -> None:
+    import torch
+
+    from lmd.turbomind.kernels.paged_decode import kv_mode_args
+
+    codes, pool = torch.zeros(3, 16, 2, 64, dtype=torch.int8), torch.zeros(3, 16, 2, 64, dtype=torch.float16)
+    params = torch.zeros(3, 16, 2, 2, dtype=torch.float16)
+    table = torch.zeros(4, 2, 64)
+    assert kv_mode_args(pool, None, None, None)[0] == 0
+    assert kv_mode_args(codes, params, params.clone(), None)[0] == 2
+    assert kv_mode_args(codes, None, None, table)[0] == 1
+    assert kv_mode_args(pool, params, params, None) is None  # a float cache takes no params
+    assert kv_mode_args(codes, None, None, None) is None  # codes without their params
+    assert kv_mode_args(codes, params, params.float(), None) is None
+    assert kv_mode_args(codes, params[:, :8], params[:, :8], None) is None  # not the cache's slots
+    assert kv_mode_args(codes, params, params, table[:, :1]) is None
+    assert kv_mode_args(codes, None, None, table.half()) is None
