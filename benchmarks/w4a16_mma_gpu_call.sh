@@ -34,10 +34,12 @@
 #           (benchmarks/gpu_attention_tests.py --mha-int8; a failure stops the call), `sweep` decode attention at
 #           batch 64 / 128 on float and int8 KV beside the dot kernel (attention_int8_sweep.py --mha-grid), `serve`
 #           the 1000 requests on lmd alone, fp16 and int4, each with float and int8 KV, `steps` the int4 step at
-#           batch 128, context 256 with float and int8 KV (decode_step_kernels.py) while time is left.
+#           batch 128, context 256 with float and int8 KV (decode_step_kernels.py) while time is left, `blocks`
+#           the int4 1000 requests with float and int8 KV for each of four int8 MHA decode blocks
+#           (LMD_MHA_DECODE_INT8; about a minute each).
 #     bash benchmarks/w4a16_mma_gpu_call.sh probe [flags] | decode [fp16|0|default|1 ...] | serve | steps
 #                                           | layout [flags] | wgmma [flags] | table | timer tune|steps
-#                                           | kv8 [checks|sweep|serve|steps ...]
+#                                           | kv8 [checks|sweep|serve|steps|blocks ...]
 # Full results in folders under $OUT, one a step or variant; the last lines printed are the tables.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -195,7 +197,20 @@ kv8)
                 grep -E "graph replay|^  attention|^  GEMM|^  fused" "$OUT/kv8/$name/log.txt" | head -6
             done
             ;;
-        *) echo "kv8 parts: checks, sweep, serve, steps" >&2; exit 2 ;;
+        blocks)  # the int4 1000 requests with float and int8 KV, the int8 MHA decode blocks varied
+            for blocks in 32,1,1 64,1,1 64,2,1 128,2,1; do
+                [ "$SECONDS" -gt 420 ] && { echo "blocks: out of time"; break; }
+                dir="$OUT/kv8/int4_blocks_${blocks//,/_}"
+                mkdir -p "$dir"
+                LMD_MHA_DECODE_INT8=$blocks python3 benchmarks/serving_workloads.py --workloads real \
+                    --models llama2-7b-int4 --no-peer --hf-requests 0 --lengths .peers/serving_lengths.json \
+                    --real-kv-int8 --budget-s 100 --out "$dir" > "$dir/log.txt" 2>&1 || tail -5 "$dir/log.txt"
+                echo "int8 MHA blocks $blocks: $(grep -oE 'lmd( KV int8)? +│ +1000 │ +112,761 │ +[0-9.]+ │ +[0-9.]+ │ +[0-9,.]+' \
+                    "$dir/log.txt" | tr -s ' ' | tr '\n' ';')"
+                grep -oE "lmd( KV int8)?: steps: .{0,140}" "$dir/log.txt" || true
+            done
+            ;;
+        *) echo "kv8 parts: checks, sweep, serve, steps, blocks" >&2; exit 2 ;;
         esac
     done
     ;;

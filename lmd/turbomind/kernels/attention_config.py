@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
+
+from lmd.errors import LmdError
 
 LOG2E = 1.4426950408889634
 COMPUTE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -34,6 +36,10 @@ class AttentionConfig:
     # loads are not pipelined, so it needs many programs: at batch 64 (float KV) it is 8 % faster than the dot
     # kernel's wide config, at batch 16 up to 40 % slower (docs/benchmarks.md, twentieth session)
     mha_decode: tuple[int, int, int] | None = None
+    # mha_decode on int8 codes (None: mha_decode's). A step of BLOCK_N keys moves half the bytes of a float one,
+    # and the kernel's loads are not pipelined, so a program's steps take about as long either way: more keys a
+    # step is the lever. LMD_MHA_DECODE_INT8="block_n,warps,stages" replaces it (benchmarks compare them)
+    mha_decode_int8: tuple[int, int, int] | None = None
 
 
 WIDE_PROGRAMS_PER_SM = 8
@@ -49,7 +55,21 @@ def default_config(head_dim: int, dtype: torch.dtype) -> AttentionConfig:
         return AttentionConfig(block_m=32, block_n=32)
     if head_dim > 128:
         return AttentionConfig(block_n=32)
-    return DEFAULT_CONFIG
+    override = _mha_int8_override(os.environ.get("LMD_MHA_DECODE_INT8", ""))
+    return DEFAULT_CONFIG if override is None else replace(DEFAULT_CONFIG, mha_decode_int8=override)
+
+
+@functools.cache
+def _mha_int8_override(value: str) -> tuple[int, int, int] | None:
+    if not value:
+        return None
+    try:
+        block_n, warps, stages = (int(x) for x in value.split(","))
+    except ValueError:
+        raise LmdError(f"LMD_MHA_DECODE_INT8={value!r}: expected block_n,warps,stages, e.g. 64,1,1") from None
+    if block_n < 1 or block_n & (block_n - 1) or warps not in (1, 2, 4, 8) or stages < 1:
+        raise LmdError(f"LMD_MHA_DECODE_INT8={value!r}: block_n a power of two, warps 1, 2, 4 or 8, stages >= 1")
+    return block_n, warps, stages
 
 
 def unsupported_reason(q: torch.Tensor, kv_dtype: torch.dtype) -> str | None:
@@ -89,10 +109,10 @@ def wide_decode_launch(programs: int, float_kv: bool, device: torch.device) -> b
     return float_kv and programs >= WIDE_PROGRAMS_PER_SM * sm_count(device)
 
 
-def mha_decode_blocks(programs: int, group: int, cfg: AttentionConfig,
+def mha_decode_blocks(programs: int, group: int, int8: bool, cfg: AttentionConfig,
                       device: torch.device) -> tuple[int, int, int] | None:
     """(block_n, warps, stages) of the CUDA-core MHA decode kernel for a launch of `programs` (sequence, KV head)
-    pairs with `group` query heads per KV head (float or int8 KV), or None: the dot kernel."""
+    pairs with `group` query heads per KV head on a float or int8 cache, or None: the dot kernel."""
     if group != 1 or not cfg.mha_decode or programs < WIDE_PROGRAMS_PER_SM * sm_count(device):
         return None
-    return cfg.mha_decode
+    return (cfg.mha_decode_int8 or cfg.mha_decode) if int8 else cfg.mha_decode

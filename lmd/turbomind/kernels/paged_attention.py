@@ -166,7 +166,7 @@ def paged_attention_triton(
     programs = num_decode * kv_heads
     splits = decode_splits(programs, meta.max_decode_ctx, cfg, q.device)
     wide = wide_decode_launch(programs, kv_mode == 0, q.device)
-    mha = mha_decode_blocks(programs, group, cfg, q.device)
+    mha = mha_decode_blocks(programs, group, kv_mode != 0, cfg, q.device)
     if splits == 1:
         part = part_ml = out
     else:

@@ -117,7 +117,7 @@ def rope_decode_attention(
         return None
     cfg = config or default_config(d, qkv.dtype)
     programs = t * num_heads
-    blocks = mha_decode_blocks(programs, 1, cfg, qkv.device)
+    blocks = mha_decode_blocks(programs, 1, kv[0] != 0, cfg, qkv.device)
     if blocks is None or decode_splits(programs, meta.max_decode_ctx, cfg, qkv.device) != 1:
         return None
     out = torch.empty((t, num_heads, d), dtype=qkv.dtype, device=qkv.device)

@@ -37,6 +37,7 @@ class Case:
     block_n: int = 16
     wide_decode: tuple[int, int, int] | None = None  # on CPU every decode launch has programs enough for it
     mha_decode: tuple[int, int, int] | None = None  # the CUDA-core decode kernel (one query head per KV head, wide)
+    mha_decode_int8: tuple[int, int, int] | None = None  # ... its blocks on int8 codes
 
 
 DECODES = ((1, 0), (1, 16), (1, 49), (1, 99))
@@ -56,6 +57,8 @@ CASES = (
     Case("decode-mha-cuda-core-int8-online", DECODES, kv="online", q_heads=2, splits=1, mha_decode=(16, 1, 2)),
     Case("decode-mha-cuda-core-int8-online-fp16-split3", DECODES, "fp16", kv="online", q_heads=2, splits=3,
          mha_decode=(8, 1, 2)),
+    Case("decode-mha-cuda-core-int8-online-bn64-bs16", DECODES, kv="online", q_heads=2, splits=1,
+         mha_decode=(16, 1, 1), mha_decode_int8=(64, 2, 1)),
     Case("decode-mha-cuda-core-int8-static-channel-fp16-d128", DECODES, "fp16", kv="static-channel", q_heads=2,
          head_dim=128, block_size=32, splits=2, mha_decode=(32, 1, 1)),
     Case("mixed-mha-cuda-core-int8-static-head", MIXED, kv="static-head", q_heads=4, kv_heads=4, splits=1,
@@ -123,7 +126,8 @@ def run_case(case: Case) -> float:
     scale = case.head_dim**-0.5
     ref = paged_attention_reference(q, cache, 0, batch, scale, fused=False).float()
     cfg = AttentionConfig(block_m=case.block_m, block_n=case.block_n, num_splits=case.splits,
-                          wide_decode=case.wide_decode, mha_decode=case.mha_decode)
+                          wide_decode=case.wide_decode, mha_decode=case.mha_decode,
+                          mha_decode_int8=case.mha_decode_int8)
     out = paged_attention_triton_on_cache(q, cache, 0, batch, scale, cfg)
     assert out.shape == q.shape and out.dtype == q.dtype and torch.isfinite(ref).all()
     return (out.float() - ref).abs().max().item()
@@ -456,3 +460,18 @@ def test_mha_launch_takes_int8_params_that_fit_the_cache_only() -> None:
     assert kv_mode_args(codes, params[:, :8], params[:, :8], None) is None  # not the cache's slots
     assert kv_mode_args(codes, params, params, table[:, :1]) is None
     assert kv_mode_args(codes, None, None, table.half()) is None
+
+
+def test_int8_mha_blocks_come_from_the_environment(monkeypatch) -> None:
+    import torch
+
+    from lmd.errors import LmdError
+    from lmd.turbomind.kernels.attention_config import default_config
+
+    monkeypatch.setenv("LMD_MHA_DECODE_INT8", "64,2,1")
+    cfg = default_config(128, torch.float16)
+    assert cfg.mha_decode_int8 == (64, 2, 1)
+    for bad in ("64", "48,1,1", "64,3,1", "a,b,c"):
+        monkeypatch.setenv("LMD_MHA_DECODE_INT8", bad)
+        with pytest.raises(LmdError, match="LMD_MHA_DECODE_INT8"):
+            default_config(128, torch.float16)
