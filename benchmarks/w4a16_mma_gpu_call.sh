@@ -36,7 +36,8 @@
 #           the 1000 requests on lmd alone, fp16 and int4, each with float and int8 KV, `steps` the int4 step at
 #           batch 128, context 256 with float and int8 KV (decode_step_kernels.py) while time is left, `blocks`
 #           the int4 1000 requests with float and int8 KV for each of four int8 MHA decode blocks
-#           (LMD_MHA_DECODE_INT8; about a minute each).
+#           (LMD_MHA_DECODE_INT8; about a minute each; KV8_BLOCKS="bn,w,st ..." picks others, none starts after
+#           KV8_DEADLINE_S, default 420).
 #     bash benchmarks/w4a16_mma_gpu_call.sh probe [flags] | decode [fp16|0|default|1 ...] | serve | steps
 #                                           | layout [flags] | wgmma [flags] | table | timer tune|steps
 #                                           | kv8 [checks|sweep|serve|steps|blocks ...]
@@ -198,8 +199,8 @@ kv8)
             done
             ;;
         blocks)  # the int4 1000 requests with float and int8 KV, the int8 MHA decode blocks varied
-            for blocks in 32,1,1 64,1,1 64,2,1 128,2,1; do
-                [ "$SECONDS" -gt 420 ] && { echo "blocks: out of time"; break; }
+            for blocks in ${KV8_BLOCKS:-32,1,1 64,1,1 64,2,1 128,2,1}; do
+                [ "$SECONDS" -gt "${KV8_DEADLINE_S:-420}" ] && { echo "blocks: out of time"; break; }
                 dir="$OUT/kv8/int4_blocks_${blocks//,/_}"
                 mkdir -p "$dir"
                 LMD_MHA_DECODE_INT8=$blocks python3 benchmarks/serving_workloads.py --workloads real \
