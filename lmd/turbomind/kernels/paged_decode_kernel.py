@@ -202,18 +202,11 @@ def _decode_mha_kernel(
             else:
                 k = tl.load(k_ptr + ptrs)
                 v = tl.load(v_ptr + ptrs)
-            if KV_MODE == 2:
-                k_s, k_z = _token_params(kp_ptr, prows, key_ok, phase == 1)
-                v_s, v_z = _token_params(vp_ptr, prows, key_ok, phase == 1)
-            else:
-                k_s = tl.full([BLOCK_N], 1.0, tl.float32)  # unread
-                k_z = k_s
-                v_s = k_s
-                v_z = k_s
             qk = tl.sum(k.to(tl.float32) * q[None, :], 1)
             if KV_MODE == 1:
                 qk += q_off
             elif KV_MODE == 2:
+                k_s, k_z = _token_params(kp_ptr, prows, key_ok, phase == 1)
                 qk = qk * k_s + k_z * q_off
             if phase == 1:
                 qk = tl.where(key_ok, qk, float("-inf"))
@@ -222,6 +215,7 @@ def _decode_mha_kernel(
             p = tl.exp2(qk - m_new)
             l_i = l_i * alpha + tl.sum(p, 0)
             if KV_MODE == 2:  # p . (c * s + z) = (p * s) . c + p . z
+                v_s, v_z = _token_params(vp_ptr, prows, key_ok, phase == 1)
                 acc = acc * alpha + tl.sum((p * v_s)[:, None] * v.to(tl.float32), 0) + tl.sum(p * v_z, 0)
             else:
                 acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), 0)
