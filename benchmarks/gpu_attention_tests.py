@@ -56,6 +56,8 @@ SHAPES = (
     Shape("prefill 4x1k", tuple((1024 - 5 * i, 0) for i in range(4))),
     Shape("decode 64x~150", tuple((1, 128 + 2 * i) for i in range(64))),  # the engine's batch-64 decode (issue 14)
 )
+NARROW_SHAPES = (Shape("decode 1x200", ((1, 199),)), Shape("decode 1x4k (split)", ((1, 4000),)),
+                 Shape("decode 8x~150", tuple((1, 130 + 9 * i) for i in range(8))))
 
 
 def build(
@@ -148,17 +150,18 @@ def _relative_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return torch.where(same, 0.0, rel).max().item()
 
 
-def check_rope_decode(dtype: torch.dtype, gen: torch.Generator, kv: str = "float") -> dict:
-    """RoPE + KV write + decode attention in one launch (`rope_decode_attention`, Llama-2-7B heads, batch 64)
-    against rotating, writing and attending with the reference; the written K/V compared too (float: the pools'
-    bits; int8: the values read back, within one code step of the reference's)."""
+def check_rope_decode(dtype: torch.dtype, gen: torch.Generator, kv: str = "float", shape: Shape | None = None,
+                      config: AttentionConfig | None = None) -> dict:
+    """RoPE + KV write + decode attention in one launch (`rope_decode_attention`, Llama-2-7B heads, batch 64 or
+    `shape` with `config`) against rotating, writing and attending with the reference; the written K/V compared too
+    (float: the pools' bits; int8: the values read back, within one code step of the reference's)."""
     from lmd.turbomind.kernels.paged_attention import attention_meta
     from lmd.turbomind.kernels.paged_decode import rope_decode_attention
     from lmd.turbomind.kernels.rotary import rotary_qkv_triton
     from lmd.turbomind.paged_attention import _int8_params
     from lmd.turbomind.rope import rotary_qkv_reference
 
-    shape = SHAPES[6]
+    shape = shape or SHAPES[6]
     cache, batch, _ = build(shape, "llama2-7b", dtype, kv, 64, gen)
     ref_cache = copy.deepcopy(cache)
     hq, _, d = MODELS["llama2-7b"]
@@ -174,7 +177,7 @@ def check_rope_decode(dtype: torch.dtype, gen: torch.Generator, kv: str = "float
     sdpa = paged_attention_reference(q, ref_cache, 0, batch, scale, fused=True).float()
     sdpa_err = (sdpa - exact).abs().max().item()
     meta = attention_meta(batch.q_starts, batch.q_lens, batch.ctx_lens, batch.block_tables, qkv.device)
-    out = rope_decode_attention(qkv, cos, sin, batch.slots, cache.k[0], cache.v[0], meta, scale, hq,
+    out = rope_decode_attention(qkv, cos, sin, batch.slots, cache.k[0], cache.v[0], meta, scale, hq, config,
                                 **_int8_params(cache, 0))
     row = dict(shape=f"{shape.name} rope+write", model="llama2-7b", dtype=str(dtype).removeprefix("torch."),
                kv=kv, block=64, ok=False, max_err=float("inf"), sdpa_err=sdpa_err, kernel_ms=float("nan"),
@@ -312,6 +315,10 @@ def main() -> int:
     parser.add_argument("--sweep-only", action="store_true", help="only the config sweep (a second 10-minute call)")
     parser.add_argument("--sweep-decode64", action="store_true",
                         help="only the sweep of batch-64 decode at ~150 tokens of context, MHA and GQA")
+    parser.add_argument("--narrow", action="store_true",
+                        help="only the one launch (RoPE, write, attention) on narrow MHA decode batches (1 and 8 "
+                             "sequences; one split over 4k keys) with LMD_MHA_DECODE_NARROW's blocks (default "
+                             "64,4,1), fp16 and bf16")
     parser.add_argument("--mha-int8", action="store_true",
                         help="only the MHA decode checks on int8 KV (the CUDA-core kernel), RoPE and the write folded "
                              "in or not, fp16 and bf16, no sweep")
@@ -319,16 +326,28 @@ def main() -> int:
     gen = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
     print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
-    results = [] if args.sweep_only or args.sweep_decode64 else [check(*run, gen) for run in runs(args.quick,
-                                                                                                  args.mha_int8)]
-    if not (args.sweep_only or args.sweep_decode64):
+    if args.narrow:
+        from dataclasses import replace
+
+        from lmd.turbomind.kernels.attention_config import default_config
+
+        cfg = default_config(128, torch.float16)
+        cfg = replace(cfg, mha_decode_narrow=cfg.mha_decode_narrow or (64, 4, 1))
+        print(f"narrow blocks {cfg.mha_decode_narrow}", flush=True)
+        results = [check_rope_decode(dtype, gen, kv, shape, cfg) for shape in NARROW_SHAPES
+                   for dtype in (torch.float16, torch.bfloat16) for kv in ("float", "int8-online")]
+    elif args.sweep_only or args.sweep_decode64:
+        results = []
+    else:
+        results = [check(*run, gen) for run in runs(args.quick, args.mha_int8)]
+    if not (args.sweep_only or args.sweep_decode64 or args.narrow):
         kv_modes = KV_MODES[1:] if args.mha_int8 else KV_MODES
         results += [check_rope_decode(dtype, gen, kv) for dtype in (torch.float16, torch.bfloat16) for kv in kv_modes]
     sweeps: list[dict] = []
     if args.sweep_decode64:
         for model in ("llama2-7b", "gqa-32/8"):
             sweeps += sweep(SHAPES[6], model, DECODE_CONFIGS + SPLIT_CONFIGS[1:3], gen)
-    elif not (args.quick or args.no_sweep or args.mha_int8):
+    elif not (args.quick or args.no_sweep or args.mha_int8 or args.narrow):
         sweeps += sweep(SHAPES[0], "gqa-32/8", DECODE_CONFIGS, gen)
         sweeps += sweep(SHAPES[1], "llama2-7b", DECODE_CONFIGS[:1] + SPLIT_CONFIGS, gen)
         sweeps += sweep(SHAPES[1], "gqa-32/8", DECODE_CONFIGS[:1] + SPLIT_CONFIGS, gen)

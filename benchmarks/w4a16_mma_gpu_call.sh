@@ -38,15 +38,20 @@
 #           the int4 1000 requests with float and int8 KV for each of four int8 MHA decode blocks
 #           (LMD_MHA_DECODE_INT8; about a minute each; KV8_BLOCKS="bn,w,st ..." picks others, none starts after
 #           KV8_DEADLINE_S, default 420).
+#   narrow: the one launch of RoPE, the KV write and the CUDA-core MHA decode on narrow batches (AttentionConfig.
+#           mha_decode_narrow): its GPU checks at 1 and 8 sequences (gpu_attention_tests.py --narrow; a failure stops
+#           the call), then the int4 step (decode_step_kernels.py, graph replay) for each NARROW_RUNS entry
+#           batch:context:blocks, blocks `none` (LMD_MHA_DECODE_NARROW unset: the rotary kernel, then the dot
+#           kernel) or block_n,warps,stages; context 900 makes the batch-1 launch split in 4 (about 6 minutes).
 #     bash benchmarks/w4a16_mma_gpu_call.sh probe [flags] | decode [fp16|0|default|1 ...] | serve | steps
 #                                           | layout [flags] | wgmma [flags] | table | timer tune|steps
-#                                           | kv8 [checks|sweep|serve|steps|blocks ...]
+#                                           | kv8 [checks|sweep|serve|steps|blocks ...] | narrow
 # Full results in folders under $OUT, one a step or variant; the last lines printed are the tables.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 OUT="${OUT:-$PWD/out}"
-step="${1:?usage: w4a16_mma_gpu_call.sh probe | decode [variants] | serve | steps | layout | wgmma | table | timer | kv8}"
+step="${1:?usage: w4a16_mma_gpu_call.sh probe | decode [variants] | serve | steps | layout | wgmma | table | timer | kv8 | narrow}"
 shift
 case "$step" in
 probe)
@@ -215,8 +220,29 @@ kv8)
         esac
     done
     ;;
+narrow)
+    mkdir -p "$OUT/narrow"
+    if ! python3 benchmarks/gpu_attention_tests.py --narrow > "$OUT/narrow/checks.txt" 2>&1; then
+        tail -30 "$OUT/narrow/checks.txt"
+        exit 1
+    fi
+    tail -3 "$OUT/narrow/checks.txt"
+    for run in ${NARROW_RUNS:-1:128:none 1:128:64,4,1 1:128:32,1,1 1:128:64,2,1 1:900:none 1:900:64,4,1 4:128:none 4:128:64,4,1}; do
+        IFS=: read -r batch ctx blocks <<<"$run"
+        [ "$SECONDS" -gt "${NARROW_DEADLINE_S:-480}" ] && { echo "narrow: out of time"; break; }
+        name="b${batch}_c${ctx}_${blocks//,/_}"
+        mkdir -p "$OUT/narrow/$name"
+        env_blocks=$blocks; [ "$blocks" = none ] && env_blocks=""
+        LMD_MHA_DECODE_NARROW=$env_blocks OUT="$OUT/narrow/$name" python3 benchmarks/decode_step_kernels.py \
+            --weights int4 --batch "$batch" --contexts "$ctx" --steps 10 > "$OUT/narrow/$name/log.txt" 2>&1 \
+            || tail -20 "$OUT/narrow/$name/log.txt"
+        echo "batch $batch, context $ctx, narrow blocks $blocks: $(grep -o 'graph replay [0-9.]* ms/step' \
+            "$OUT/narrow/$name/log.txt")"
+        grep -E "^  attention|^  fused" "$OUT/narrow/$name/log.txt" | head -3
+    done
+    ;;
 *)
-    echo "unknown step $step: probe, decode, serve, steps, layout, wgmma, table, timer or kv8" >&2
+    echo "unknown step $step: probe, decode, serve, steps, layout, wgmma, table, timer, kv8 or narrow" >&2
     exit 2
     ;;
 esac

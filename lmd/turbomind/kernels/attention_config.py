@@ -40,6 +40,11 @@ class AttentionConfig:
     # and the kernel's loads are not pipelined, so a program's steps take about as long either way: more keys a
     # step is the lever. LMD_MHA_DECODE_INT8="block_n,warps,stages" replaces it (benchmarks compare them)
     mha_decode_int8: tuple[int, int, int] | None = None
+    # (block_n, warps, stages) of the one launch of RoPE, the KV write and the CUDA-core decode (`rope_decode_attention`)
+    # for an MHA decode batch narrower than WIDE_PROGRAMS_PER_SM programs per SM (batch 1-32 on an H100), split over
+    # the context as the dot kernel would be; None: the rotary kernel, then the dot kernel. It saves the rotary
+    # launch a layer; LMD_MHA_DECODE_NARROW="block_n,warps,stages" sets it (benchmarks compare it with None)
+    mha_decode_narrow: tuple[int, int, int] | None = None
 
 
 WIDE_PROGRAMS_PER_SM = 8
@@ -55,20 +60,25 @@ def default_config(head_dim: int, dtype: torch.dtype) -> AttentionConfig:
         return AttentionConfig(block_m=32, block_n=32)
     if head_dim > 128:
         return AttentionConfig(block_n=32)
-    override = _mha_int8_override(os.environ.get("LMD_MHA_DECODE_INT8", ""))
-    return DEFAULT_CONFIG if override is None else replace(DEFAULT_CONFIG, mha_decode_int8=override)
+    cfg = DEFAULT_CONFIG
+    for field, env in (("mha_decode_int8", "LMD_MHA_DECODE_INT8"), ("mha_decode_narrow", "LMD_MHA_DECODE_NARROW")):
+        override = _blocks_override(env, os.environ.get(env, ""))
+        if override is not None:
+            cfg = replace(cfg, **{field: override})
+    return cfg
 
 
 @functools.cache
-def _mha_int8_override(value: str) -> tuple[int, int, int] | None:
+def _blocks_override(env: str, value: str) -> tuple[int, int, int] | None:
+    """(block_n, warps, stages) from an environment variable's "block_n,warps,stages"; None where it is unset."""
     if not value:
         return None
     try:
         block_n, warps, stages = (int(x) for x in value.split(","))
     except ValueError:
-        raise LmdError(f"LMD_MHA_DECODE_INT8={value!r}: expected block_n,warps,stages, e.g. 64,1,1") from None
+        raise LmdError(f"{env}={value!r}: expected block_n,warps,stages, e.g. 64,1,1") from None
     if block_n < 1 or block_n & (block_n - 1) or warps not in (1, 2, 4, 8) or stages < 1:
-        raise LmdError(f"LMD_MHA_DECODE_INT8={value!r}: block_n a power of two, warps 1, 2, 4 or 8, stages >= 1")
+        raise LmdError(f"{env}={value!r}: block_n a power of two, warps 1, 2, 4 or 8, stages >= 1")
     return block_n, warps, stages
 
 
@@ -116,3 +126,12 @@ def mha_decode_blocks(programs: int, group: int, int8: bool, cfg: AttentionConfi
     if group != 1 or not cfg.mha_decode or programs < WIDE_PROGRAMS_PER_SM * sm_count(device):
         return None
     return (cfg.mha_decode_int8 or cfg.mha_decode) if int8 else cfg.mha_decode
+
+
+def mha_rope_blocks(programs: int, int8: bool, cfg: AttentionConfig,
+                    device: torch.device) -> tuple[int, int, int] | None:
+    """(block_n, warps, stages) of `rope_decode_attention`'s one launch for an MHA decode batch of `programs`
+    (sequence, head) pairs, or None: the rotary kernel and the dispatch. Wide launches take `mha_decode_blocks`'
+    shape, narrower ones `mha_decode_narrow` where it is set (split over the context as the dot kernel would be)."""
+    wide = mha_decode_blocks(programs, 1, int8, cfg, device)
+    return wide if wide is not None or programs >= WIDE_PROGRAMS_PER_SM * sm_count(device) else cfg.mha_decode_narrow

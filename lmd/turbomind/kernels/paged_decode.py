@@ -8,15 +8,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
+import triton
 
 from lmd.turbomind.kernels.attention_config import (
     LOG2E,
     AttentionConfig,
     decode_splits,
     default_config,
-    mha_decode_blocks,
+    mha_rope_blocks,
     unsupported_reason,
 )
+from lmd.turbomind.kernels.paged_attention_kernels import _combine_kernel
 from lmd.turbomind.kernels.paged_decode_kernel import _decode_mha_kernel
 from lmd.turbomind.kernels.pdl import pdl_options
 
@@ -117,12 +119,22 @@ def rope_decode_attention(
         return None
     cfg = config or default_config(d, qkv.dtype)
     programs = t * num_heads
-    blocks = mha_decode_blocks(programs, 1, kv[0] != 0, cfg, qkv.device)
-    if blocks is None or decode_splits(programs, meta.max_decode_ctx, cfg, qkv.device) != 1:
+    blocks = mha_rope_blocks(programs, kv[0] != 0, cfg, qkv.device)
+    if blocks is None:
         return None
+    splits = decode_splits(programs, meta.max_decode_ctx, cfg, qkv.device)
     out = torch.empty((t, num_heads, d), dtype=qkv.dtype, device=qkv.device)
+    part = part_ml = out
+    if splits > 1:
+        part = torch.empty((t, num_heads, splits, d), dtype=torch.float32, device=qkv.device)
+        part_ml = torch.empty((t, num_heads, splits, 2), dtype=torch.float32, device=qkv.device)
     strides = (qkv.stride(0), d, out.stride(0), out.stride(1), meta.tables.stride(0), *k.stride()[:3])
-    launch_mha(qkv, out, out, out, k, v, meta, scale, 1, blocks, strides, kv, (cos, sin, slots))
+    launch_mha(qkv, out, part, part_ml, k, v, meta, scale, splits, blocks, strides, kv, (cos, sin, slots))
+    if splits > 1:
+        _combine_kernel[(t, num_heads)](part, part_ml, out, meta.seq_info, meta.decode_tiles, num_heads,
+                                        out.stride(0), out.stride(1), SPLITS=splits,
+                                        SPLITS_PAD=triton.next_power_of_2(splits), HEAD_DIM=d, num_warps=1,
+                                        **pdl_options(qkv.device))
     return out
 
 

@@ -18,8 +18,9 @@ the fused projection [T, 3 H D], the program rotates its query row and the new t
 value at the token's cache slot (int8: quantized as `rotary_qkv_triton` or `KVCache.write` quantizes them, online
 params stored beside), attends over the keys cached before it and folds the new key in from registers last, as the
 loop would read it back (no read of what it just wrote). The query and key are rounded to the compute dtype before
-use, as the two-kernel path stores them. Unsplit launches only. A decode step at batch 64 saves the rotary launch
-of every layer (~2.4 µs on the H200, docs/benchmarks.md).
+use, as the two-kernel path stores them. In a split launch every split rotates the query; the last one stores the
+new key and value and folds them in (its range ends where the cached keys do). A decode step at batch 64 saves the
+rotary launch of every layer (~2.4 µs on the H200, docs/benchmarks.md).
 
 When BLOCK_N divides BLOCK_SIZE every step's keys sit in one cache block (a split starts at a multiple of BLOCK_N),
 so a step reads one block id, not one a key. P is not rounded to the compute dtype before P @ V (the dot path
@@ -64,10 +65,11 @@ def _rotated(row_ptr, offs_d, cos, sin, ROT: tl.constexpr):
 
 
 @triton.jit
-def _store_new(x, cache_ptr, param_ptr, row, param_row, offs_d, static_scale, static_zero, KV_MODE: tl.constexpr):
-    """Store the new token's key or value x [D] (fp32 holding compute-dtype values) at its cache row; returns what
-    the loop would read back for it, as [1, D] codes or values, and its online (scale, zero) [1] (ones and zeros
-    otherwise)."""
+def _store_new(x, cache_ptr, param_ptr, row, param_row, offs_d, static_scale, static_zero, stored_dims,
+               KV_MODE: tl.constexpr):
+    """Store the new token's key or value x [D] (fp32 holding compute-dtype values) at its cache row if
+    `stored_dims` is D (0: another program of a split launch stores it); returns what the loop would read back for
+    it, as [1, D] codes or values, and its online (scale, zero) [1] (ones and zeros otherwise)."""
     xf = x[None, :]
     if KV_MODE == 0:
         stored = xf.to(cache_ptr.dtype.element_ty)
@@ -80,9 +82,9 @@ def _store_new(x, cache_ptr, param_ptr, row, param_row, offs_d, static_scale, st
     else:
         stored, s, z = online_int8(xf, offs_d[None, :] >= 0)
         one = tl.arange(0, 1)
-        tl.store(param_ptr + param_row + one, s.to(tl.float16))
-        tl.store(param_ptr + param_row + 1 + one, z.to(tl.float16))
-    tl.store(cache_ptr + row + offs_d[None, :], stored)
+        tl.store(param_ptr + param_row + one, s.to(tl.float16), mask=one < stored_dims)
+        tl.store(param_ptr + param_row + 1 + one, z.to(tl.float16), mask=one < stored_dims)
+    tl.store(cache_ptr + row + offs_d[None, :], stored, mask=offs_d[None, :] < stored_dims)
     return stored.to(tl.float32), s, z
 
 
@@ -159,10 +161,11 @@ def _decode_mha_kernel(
         slot = tl.load(slots_ptr + token)
         new_row = (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_ct
         new_param = (slot // BLOCK_SIZE) * stride_pb + (slot % BLOCK_SIZE) * stride_pt
+        stored = tl.where(split == SPLITS - 1, HEAD_DIM, 0)  # the last split stores the new key and value
         k_new, k_new_s, k_new_z = _store_new(k_new.to(tl.float32), k_ptr, kp_ptr, new_row, new_param, offs_d, ks, kz,
-                                             KV_MODE)
+                                             stored, KV_MODE)
         v_new, v_new_s, v_new_z = _store_new(v_new.to(tl.float32), v_ptr, vp_ptr, new_row, new_param, offs_d, vs, vz,
-                                             KV_MODE)
+                                             stored, KV_MODE)
         cached = ctx - 1  # the keys before the new one; it is folded in after the loop
     else:
         q = tl.load(q_row + offs_d).to(tl.float32)
@@ -220,18 +223,20 @@ def _decode_mha_kernel(
             else:
                 acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), 0)
             m_i = m_new
-    if ROPE:
-        qk = tl.sum(k_new * q[None, :], 1)
-        if KV_MODE == 1:
-            qk += q_off
-        elif KV_MODE == 2:
-            qk = qk * k_new_s + k_new_z * q_off
-        qk = tl.sum(qk, 0)
-        m_new = tl.maximum(m_i, qk)
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new)
-        l_i = l_i * alpha + p
-        acc = acc * alpha + tl.sum(p * (v_new * v_new_s[:, None] + v_new_z[:, None]), 0)
+    if ROPE:  # noqa: SIM102 (constexpr first: without ROPE there is no k_new to compile the runtime branch with)
+        if split == SPLITS - 1:  # the new key sits past every split's range; the last split takes it
+            qk = tl.sum(k_new * q[None, :], 1)
+            if KV_MODE == 1:
+                qk += q_off
+            elif KV_MODE == 2:
+                qk = qk * k_new_s + k_new_z * q_off
+            qk = tl.sum(qk, 0)
+            m_new = tl.maximum(m_i, qk)
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(qk - m_new)
+            l_i = l_i * alpha + p
+            acc = acc * alpha + tl.sum(p * (v_new * v_new_s[:, None] + v_new_z[:, None]), 0)
+            m_i = m_new
     if KV_MODE == 1:  # sum_n p_n (c_n * s + z) = (sum_n p_n c_n) * s + l * z, per channel
         acc = acc * vs + l_i * vz
 

@@ -139,13 +139,21 @@ ROPE_CASES = {
     "rope-decode-int8-online-fp32-full": ("fp32", 64, "online"),
     "rope-decode-int8-online-fp16-partial": ("fp16", 32, "online"),
     "rope-decode-int8-static-channel-fp16": ("fp16", 64, "static-channel"),
+    # one decode (a narrow launch), unsplit or split over the context (the last split also takes the new key; with
+    # 4 splits of 32 keys over 69 cached ones it takes nothing else)
+    "rope-decode-narrow-fp16-partial": ("fp16", 32, "float", 1),
+    "rope-decode-narrow-split4-fp16": ("fp16", 64, "float", 4),
+    "rope-decode-narrow-split2-int8-online-fp16": ("fp16", 64, "online", 2),
+    "rope-decode-narrow-split3-int8-static-fp32": ("fp32", 32, "static-channel", 3),
 }
 
 
-def run_rope_decode(dtype_name: str, rot: int, kv: str) -> list[float]:
+def run_rope_decode(dtype_name: str, rot: int, kv: str, narrow_splits: int = 0) -> list[float]:
     """RoPE + KV write + decode attention in one launch against the two-step reference (rotate, write, attend):
-    [output error, largest difference of the K/V the two caches read back (int8: dequantized), 1 if a prefill chunk
-    in the batch made it decline, the reference's largest int8 step (0 for float)]."""
+    [output error, largest difference of the K/V the two caches read back (int8: dequantized), 1 if it declined
+    where it must, the reference's largest int8 step (0 for float)]. Four decodes x 4 heads (wide on a CPU's one
+    'SM'; declined: a batch with a prefill chunk), or with narrow_splits: one decode (4 programs, the
+    `mha_decode_narrow` shape, the context in that many splits; declined: the same call with no narrow shape set)."""
     import torch
 
     from lmd.turbomind.kernels.paged_attention import AttentionConfig, attention_meta
@@ -155,8 +163,9 @@ def run_rope_decode(dtype_name: str, rot: int, kv: str) -> list[float]:
 
     dtype = {"fp32": torch.float32, "fp16": torch.float16}[dtype_name]
     heads, d = 4, 64
-    case = Case("rope", ((1, 0), (1, 16), (1, 40), (1, 70)), dtype_name, kv, q_heads=heads, kv_heads=heads,
-                head_dim=d)
+    narrow = narrow_splits > 0
+    seqs = ((1, 70),) if narrow else ((1, 0), (1, 16), (1, 40), (1, 70))
+    case = Case("rope", seqs, dtype_name, kv, q_heads=heads, kv_heads=heads, head_dim=d)
     caches = [_fill_cache(case, torch.Generator().manual_seed(5), dtype)[:2] for _ in range(2)]
     (ref_cache, batch), (cache, _) = caches
     g = torch.Generator().manual_seed(6)
@@ -169,7 +178,8 @@ def run_rope_decode(dtype_name: str, rot: int, kv: str) -> list[float]:
     ref_cache.write(0, k, v, batch.slots)
     ref = paged_attention_reference(q, ref_cache, 0, batch, scale, fused=False).float()
     meta = attention_meta(batch.q_starts, batch.q_lens, batch.ctx_lens, batch.block_tables, qkv.device)
-    cfg = AttentionConfig(mha_decode=(16, 1, 1))
+    splits = narrow_splits if narrow_splits > 1 else 0
+    cfg = AttentionConfig(mha_decode=(16, 1, 1), mha_decode_narrow=(16, 1, 1) if narrow else None, num_splits=splits)
     params = _int8_params(cache, 0)
     out = rope_decode_attention(qkv, cos, sin, batch.slots, cache.k[0], cache.v[0], meta, scale, heads, cfg,
                                 **params)
@@ -182,6 +192,10 @@ def run_rope_decode(dtype_name: str, rot: int, kv: str) -> list[float]:
         step = max(p[..., 0].float().nan_to_num(0.0).max().item() for p in (ref_cache.k_param[0], ref_cache.v_param[0]))
     elif kv.startswith("static"):
         step = max(ref_cache.static.k_scale[0].max().item(), ref_cache.static.v_scale[0].max().item())
+    if narrow:
+        declined = rope_decode_attention(qkv, cos, sin, batch.slots, cache.k[0], cache.v[0], meta, scale, heads,
+                                         AttentionConfig(mha_decode=(16, 1, 1), num_splits=splits), **params) is None
+        return [(out.float() - ref).abs().max().item(), pools, float(declined), step]
     mixed = Case("rope-mixed", MIXED, dtype_name, kv, q_heads=heads, kv_heads=heads, head_dim=d)
     mcache, mbatch, _ = _fill_cache(mixed, torch.Generator().manual_seed(7), dtype)
     mmeta = attention_meta(mbatch.q_starts, mbatch.q_lens, mbatch.ctx_lens, mbatch.block_tables, qkv.device)
@@ -377,7 +391,7 @@ def test_rope_decode_matches_rotate_write_attend(interpreted: dict, name: str) -
     out_err, pool_err, declined, step = result
     # one launch differs from rotate, write, attend by the rounding of the rotation (one FMA against two products,
     # one unit in the last place of the stored key) and the order of one softmax sum
-    dtype, _, kv = ROPE_CASES[name]
+    dtype, _, kv, *_ = ROPE_CASES[name]
     tol = TOL[dtype]
     if kv == "float":
         assert out_err <= tol and pool_err <= tol * 2 and declined == 1.0
@@ -475,3 +489,22 @@ def test_int8_mha_blocks_come_from_the_environment(monkeypatch) -> None:
         monkeypatch.setenv("LMD_MHA_DECODE_INT8", bad)
         with pytest.raises(LmdError, match="LMD_MHA_DECODE_INT8"):
             default_config(128, torch.float16)
+
+
+def test_narrow_mha_blocks_come_from_the_environment(monkeypatch) -> None:
+    import torch
+
+    from lmd.errors import LmdError
+    from lmd.turbomind.kernels.attention_config import AttentionConfig, default_config, mha_rope_blocks
+
+    assert default_config(128, torch.float16).mha_decode_narrow is None
+    monkeypatch.setenv("LMD_MHA_DECODE_NARROW", "64,4,1")
+    cfg = default_config(128, torch.float16)
+    assert cfg.mha_decode_narrow == (64, 4, 1) and cfg.mha_decode_int8 is None
+    cpu = torch.device("cpu")  # one 'SM': 8 programs are a wide launch
+    assert mha_rope_blocks(4, False, cfg, cpu) == (64, 4, 1)
+    assert mha_rope_blocks(16, True, cfg, cpu) == cfg.mha_decode  # wide: the int8 shape falls back to it
+    assert mha_rope_blocks(4, False, AttentionConfig(mha_decode=(32, 1, 1)), cpu) is None
+    monkeypatch.setenv("LMD_MHA_DECODE_NARROW", "64,4")
+    with pytest.raises(LmdError, match="LMD_MHA_DECODE_NARROW"):
+        default_config(128, torch.float16)
