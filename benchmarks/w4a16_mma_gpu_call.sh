@@ -43,15 +43,20 @@
 #           the call), then the int4 step (decode_step_kernels.py, graph replay) for each NARROW_RUNS entry
 #           batch:context:blocks, blocks `none` (LMD_MHA_DECODE_NARROW unset: the rotary kernel, then the dot
 #           kernel) or block_n,warps,stages; context 900 makes the batch-1 launch split in 4 (about 6 minutes).
+#   prefetch: benchmarks/l2_prefetch_probe.py: the int4 step at batch 1 and 16 with each layer's next weights asked
+#           into L2 from a side stream while its attention runs (about 2-3 minutes).
+#   batch1: `narrow` with NARROW_RUNS="1:128:none 1:128:64,4,1 1:128:64,2,1 1:900:none 1:900:64,4,1" (unless set),
+#           then `prefetch` (about 7 minutes).
 #     bash benchmarks/w4a16_mma_gpu_call.sh probe [flags] | decode [fp16|0|default|1 ...] | serve | steps
 #                                           | layout [flags] | wgmma [flags] | table | timer tune|steps
 #                                           | kv8 [checks|sweep|serve|steps|blocks ...] | narrow
+#                                           | prefetch [flags] | batch1
 # Full results in folders under $OUT, one a step or variant; the last lines printed are the tables.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 OUT="${OUT:-$PWD/out}"
-step="${1:?usage: w4a16_mma_gpu_call.sh probe | decode [variants] | serve | steps | layout | wgmma | table | timer | kv8 | narrow}"
+step="${1:?usage: w4a16_mma_gpu_call.sh probe | decode [variants] | serve | steps | layout | wgmma | table | timer | kv8 | narrow | prefetch | batch1}"
 shift
 case "$step" in
 probe)
@@ -241,8 +246,17 @@ narrow)
         grep -E "^  attention|^  fused" "$OUT/narrow/$name/log.txt" | head -3
     done
     ;;
+prefetch)
+    mkdir -p "$OUT/prefetch"
+    OUT="$OUT/prefetch" python3 benchmarks/l2_prefetch_probe.py "$@" 2>&1 | tee "$OUT/prefetch/log.txt" | tail -14
+    ;;
+batch1)
+    NARROW_RUNS="${NARROW_RUNS:-1:128:none 1:128:64,4,1 1:128:64,2,1 1:900:none 1:900:64,4,1}" NARROW_DEADLINE_S=300 \
+        bash "$0" narrow || echo "narrow: exit $?"
+    bash "$0" prefetch
+    ;;
 *)
-    echo "unknown step $step: probe, decode, serve, steps, layout, wgmma, table, timer, kv8 or narrow" >&2
+    echo "unknown step $step: probe, decode, serve, steps, layout, wgmma, table, timer, kv8, narrow, prefetch or batch1" >&2
     exit 2
     ;;
 esac
