@@ -74,7 +74,9 @@ CASES = (
     Case("int8-online-fp16-gqa4", MIXED, "fp16", kv="online", q_heads=8),
 )
 ENGINE_CHECKS = ("engine-fp32", "engine-int8-online", "engine-decode-graph")
-MHA_ROPE_ENGINE = {"engine-mha-rope-decode": {}, "engine-mha-rope-decode-int8-online": {"quant_policy": 4}}
+MHA_ROPE_ENGINE = {"engine-mha-rope-decode": {}, "engine-mha-rope-decode-int8-online": {"quant_policy": 4},
+                   # one sequence: 4 programs, a narrow launch (LMD_MHA_DECODE_NARROW)
+                   "engine-mha-rope-decode-narrow": {"narrow": "16,1,1"}}
 DISPATCHED = "dispatch-default-config-fp16"  # paged_attention() with LMD_ATTENTION=triton, default block shapes
 
 
@@ -294,11 +296,12 @@ def decode_graph_logits(ws: str) -> tuple:
     return ref, tri
 
 
-def mha_rope_decode_logits(**overrides) -> tuple:
+def mha_rope_decode_logits(narrow: str = "", **overrides) -> tuple:
     """A tiny fp16 MHA Llama (4 query heads, 4 KV heads): prompts on the reference path, then one decode step of
     three sequences on the Triton kernels: as the rotary kernel then the attention, and with RoPE, the KV write and
     the attention as one launch (3 x 4 programs: wide enough on a CPU's one 'SM'), eagerly and on the decode
-    graphs' buffers. Also how many layer calls took the one launch."""
+    graphs' buffers. Also how many layer calls took the one launch. `narrow`: LMD_MHA_DECODE_NARROW's value, and
+    the first sequence alone (a narrow launch)."""
     import tempfile
     from pathlib import Path
 
@@ -324,6 +327,10 @@ def mha_rope_decode_logits(**overrides) -> tuple:
     tables = [9, 2, 14], [5, 0, 11], [7]
     prompts = [(a[:20], 0, tables[0]), (b[:35], 0, tables[1]), (c[:3], 0, tables[2])]
     step = [(a[20:], 20, tables[0]), (b[35:], 35, tables[1]), (c[3:], 3, tables[2])]
+    last_rows = [19, 54, 57]
+    if narrow:
+        prompts, step, last_rows = prompts[:1], step[:1], last_rows[:1]
+        os.environ["LMD_MHA_DECODE_NARROW"] = narrow
     logits = []
     with tempfile.TemporaryDirectory() as tmp:
         _, ws = deploy_tiny(Path(tmp), "llama", num_key_value_heads=4)
@@ -331,15 +338,16 @@ def mha_rope_decode_logits(**overrides) -> tuple:
             os.environ["LMD_ATTENTION"] = os.environ["LMD_LAYER_OPS"] = "reference"
             runner = ModelRunner(open_workspace(str(ws), cache_block_seq_len=16, cache_max_entry_count=16,
                                                 max_batch_size=4, session_len=256, dtype="fp16", **overrides))
-            runner.run_chunks(prompts, [19, 54, 57])
+            runner.run_chunks(prompts, last_rows)
             os.environ["LMD_ATTENTION"] = os.environ["LMD_LAYER_OPS"] = "triton"
-            logits.append(runner.run_chunks(step, [0, 1, 2]).float())
-        # the same step again on the decode graphs' static buffers (eager): bucket 4, one padding row writing its
-        # scratch slot (the step's own slots are written again with the same values)
+            logits.append(runner.run_chunks(step, list(range(len(step)))).float())
+        # the same step again on the decode graphs' static buffers (eager): bucket 4 (narrow: 1), one padding row
+        # writing its scratch slot (the step's own slots are written again with the same values)
         runner.enable_decode_graphs(capture=False)
         logits.append(runner.graphs.run(step).float())
     os.environ["LMD_ATTENTION"] = "reference"
     os.environ.pop("LMD_LAYER_OPS")
+    os.environ.pop("LMD_MHA_DECODE_NARROW", None)
     kernels.rope_decode_attention = plain
     return logits[0], logits[1], logits[2], sum(fused)
 
