@@ -43,14 +43,20 @@ class AttentionConfig:
     # (block_n, warps, stages) of the one launch of RoPE, the KV write and the CUDA-core decode (`rope_decode_attention`)
     # for an MHA decode batch narrower than WIDE_PROGRAMS_PER_SM programs per SM (batch 1-32 on an H100), split over
     # the context as the dot kernel would be; None: the rotary kernel, then the dot kernel. It saves the rotary
-    # launch a layer; LMD_MHA_DECODE_NARROW="block_n,warps,stages" sets it (benchmarks compare it with None)
+    # launch a layer but loses more in the attention: the int4 batch-1 step on an H100 took 2.280-2.459 ms with it
+    # (four shapes) against 2.233 without (docs/benchmarks.md, twenty-ninth session), so it is off by default;
+    # LMD_MHA_DECODE_NARROW="block_n,warps,stages" sets it
     mha_decode_narrow: tuple[int, int, int] | None = None
 
 
 WIDE_PROGRAMS_PER_SM = 8
 # mha_decode: 32 keys a step on 1 warp is 126 registers for head dim 128 (Triton 3.6, sm_90a): 16 programs an SM, so
-# batch 64 x 32 heads fits one wave, where the dot kernel's wide config (220 registers) took 1.72
-DEFAULT_CONFIG = AttentionConfig(wide_decode=(32, 1, 2), mha_decode=(32, 1, 1))
+# batch 64 x 32 heads fits one wave, where the dot kernel's wide config (220 registers) took 1.72.
+# mha_decode_int8: 128 keys a step on 4 warps. The int4 1000 real-length requests on an H100 with int8 KV, one run a
+# shape (float KV 8,240-8,271 out tok/s in the same runs): 32,1,1 8,145 (last session), 64,1,1 7,746, 64,2,1 8,301,
+# 64,4,1 8,121, 128,2,1 7,414, 128,4,1 8,410 (median decode step 7.86 ms against float's 8.91), 128,8,1 5,644,
+# 256,8,1 6,956 (docs/benchmarks.md, twenty-ninth session)
+DEFAULT_CONFIG = AttentionConfig(wide_decode=(32, 1, 2), mha_decode=(32, 1, 1), mha_decode_int8=(128, 4, 1))
 
 
 def default_config(head_dim: int, dtype: torch.dtype) -> AttentionConfig:

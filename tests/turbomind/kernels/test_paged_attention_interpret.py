@@ -59,6 +59,9 @@ CASES = (
          mha_decode=(8, 1, 2)),
     Case("decode-mha-cuda-core-int8-online-bn64-bs16", DECODES, kv="online", q_heads=2, splits=1,
          mha_decode=(16, 1, 1), mha_decode_int8=(64, 2, 1)),
+    # the default int8 shape (128 keys a step) over 16-token blocks, fp16, head dim 128, split in 2
+    Case("decode-mha-cuda-core-int8-online-fp16-bn128-d128", DECODES, "fp16", kv="online", q_heads=2, head_dim=128,
+         splits=2, mha_decode=(32, 1, 1), mha_decode_int8=(128, 4, 1)),
     Case("decode-mha-cuda-core-int8-static-channel-fp16-d128", DECODES, "fp16", kv="static-channel", q_heads=2,
          head_dim=128, block_size=32, splits=2, mha_decode=(32, 1, 1)),
     Case("mixed-mha-cuda-core-int8-static-head", MIXED, kv="static-head", q_heads=4, kv_heads=4, splits=1,
@@ -508,10 +511,11 @@ def test_narrow_mha_blocks_come_from_the_environment(monkeypatch) -> None:
     assert default_config(128, torch.float16).mha_decode_narrow is None
     monkeypatch.setenv("LMD_MHA_DECODE_NARROW", "64,4,1")
     cfg = default_config(128, torch.float16)
-    assert cfg.mha_decode_narrow == (64, 4, 1) and cfg.mha_decode_int8 is None
+    assert cfg.mha_decode_narrow == (64, 4, 1) and cfg.mha_decode_int8 == (128, 4, 1)  # the default, untouched
     cpu = torch.device("cpu")  # one 'SM': 8 programs are a wide launch
     assert mha_rope_blocks(4, False, cfg, cpu) == (64, 4, 1)
-    assert mha_rope_blocks(16, True, cfg, cpu) == cfg.mha_decode  # wide: the int8 shape falls back to it
+    assert mha_rope_blocks(16, True, cfg, cpu) == (128, 4, 1)  # wide: the int8 shape
+    assert mha_rope_blocks(16, False, cfg, cpu) == cfg.mha_decode
     assert mha_rope_blocks(4, False, AttentionConfig(mha_decode=(32, 1, 1)), cpu) is None
     monkeypatch.setenv("LMD_MHA_DECODE_NARROW", "64,4")
     with pytest.raises(LmdError, match="LMD_MHA_DECODE_NARROW"):
