@@ -123,26 +123,36 @@ def kernel_profile(engine: Engine, steps: int, prefill: int) -> tuple[dict[str, 
     return dict(sorted(per_kernel.items(), key=lambda kv: -kv[1])), w4a16_by_linear(list(prof.events()))
 
 
+def running_batch_graph(engine: Engine) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """The decode graph of the engine's running batch with its static buffers filled for a step, and that step's
+    logits (one row a sequence): each sequence's last computed position again, whose block exists (the next one
+    may not be allocated yet)."""
+    graphs = engine.runner.graphs
+    assert graphs is not None, "decode graphs were not captured"
+    chunks = [([s.token_ids[-2]], len(s) - 2, list(s.block_table)) for s in engine.scheduler.running]
+    logits = graphs.run(chunks)
+    return graphs.graphs[graphs.bucket(len(chunks))][0], logits
+
+
+def replay_ms(graph: torch.cuda.CUDAGraph, replays: int) -> float:
+    """ms a replay over `replays` back-to-back replays (CUDA events)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / replays
+
+
 def graph_step_ms(engine: Engine, steps: int) -> tuple[float, Timeline, dict[str, float]]:
     """The whole step by graph replay (CUDA events, `steps` replays), and, from `steps` more replays under
     torch.profiler, the kernel timeline (its idle time and gaps) and ms a step by kernel name."""
     from torch.profiler import ProfilerActivity, profile
 
-    graphs = engine.runner.graphs
-    assert graphs is not None, "decode graphs were not captured"
-    # each sequence's last computed position again: its block exists (the next one may not be allocated yet)
-    chunks = [([s.token_ids[-2]], len(s) - 2, list(s.block_table)) for s in engine.scheduler.running]
-    b = graphs.bucket(len(chunks))
-    graphs.run(chunks)  # fills the static buffers
-    graph, _ = graphs.graphs[b]
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(steps):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    ms = start.elapsed_time(end) / steps
+    graph, _ = running_batch_graph(engine)
+    ms = replay_ms(graph, steps)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             graph.replay()

@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from decode_step_kernels import SHAPES, decoding_engine  # noqa: E402
+from decode_step_kernels import SHAPES, decoding_engine, replay_ms, running_batch_graph  # noqa: E402
 from engine import build_workspace  # noqa: E402
 
 from lmd.turbomind import attention as attention_module  # noqa: E402
@@ -60,6 +60,7 @@ class Prefetcher:
 
     def __init__(self, model: LlamaModel, variant: str) -> None:
         self.variant, self.side = variant, torch.cuda.Stream()
+        self.dummy = torch.zeros(16, dtype=torch.uint8, device="cuda")  # the fork variant's zero-byte target
         self.kernel = nvrtc.compile_kernel(SOURCE, "l2_prefetch", torch.cuda.current_device())
         self.forked = False
         self.targets: list[list[tuple[torch.Tensor, int]]] = []
@@ -79,16 +80,11 @@ class Prefetcher:
         main = torch.cuda.current_stream()
         self.side.wait_stream(main)  # after this layer's qkv GEMV
         with torch.cuda.stream(self.side):
-            for tensor, nbytes in self.targets[layer] or [(self.dummy(), 0)]:
+            for tensor, nbytes in self.targets[layer] or [(self.dummy, 0)]:
                 threads = max(1, min(256, -(-nbytes // CHUNK)))
                 blocks = max(1, -(-nbytes // (CHUNK * threads)))
                 nvrtc.launch(self.kernel, (blocks, 1, 1), (threads, 1, 1), [tensor, nbytes, CHUNK])
         self.forked = True
-
-    def dummy(self) -> torch.Tensor:
-        if not hasattr(self, "_dummy"):
-            self._dummy = torch.zeros(16, dtype=torch.uint8, device="cuda")
-        return self._dummy
 
     def join(self) -> None:
         if self.forked:
@@ -119,23 +115,12 @@ def install_patches() -> None:
     LlamaModel.run_layers = run_layers
 
 
-def replay_ms(engine, runs: int = 7, replays: int = 50) -> tuple[float, list[float], torch.Tensor]:
-    graphs = engine.runner.graphs
-    chunks = [([s.token_ids[-2]], len(s) - 2, list(s.block_table)) for s in engine.scheduler.running]
-    logits = graphs.run(chunks)
-    tokens = logits[: len(chunks)].argmax(-1).cpu()
-    graph, _ = graphs.graphs[graphs.bucket(len(chunks))]
-    times = []
-    for _ in range(runs):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / replays)
-    return sorted(times)[runs // 2], times, tokens
+def step_ms(engine, runs: int = 7, replays: int = 50) -> tuple[float, list[float], torch.Tensor]:
+    """The median of `runs` timings of `replays` graph replays of the running batch, every run, and the step's
+    greedy tokens."""
+    graph, logits = running_batch_graph(engine)
+    times = [replay_ms(graph, replays) for _ in range(runs)]
+    return sorted(times)[runs // 2], times, logits.argmax(-1).cpu()
 
 
 def main() -> None:
@@ -157,7 +142,7 @@ def main() -> None:
                 ACTIVE[0] = None if variant == "base" else Prefetcher(engine.runner.model, variant)
                 engine.runner.graphs.release()
                 engine.runner.enable_decode_graphs(capture=True)
-                ms, times, tokens = replay_ms(engine)
+                ms, times, tokens = step_ms(engine)
                 ACTIVE[0] = None
                 base_tokens = tokens if base_tokens is None else base_tokens
                 same = bool(torch.equal(tokens, base_tokens))

@@ -139,5 +139,6 @@ def mha_rope_blocks(programs: int, int8: bool, cfg: AttentionConfig,
     """(block_n, warps, stages) of `rope_decode_attention`'s one launch for an MHA decode batch of `programs`
     (sequence, head) pairs, or None: the rotary kernel and the dispatch. Wide launches take `mha_decode_blocks`'
     shape, narrower ones `mha_decode_narrow` where it is set (split over the context as the dot kernel would be)."""
-    wide = mha_decode_blocks(programs, 1, int8, cfg, device)
-    return wide if wide is not None or programs >= WIDE_PROGRAMS_PER_SM * sm_count(device) else cfg.mha_decode_narrow
+    if programs >= WIDE_PROGRAMS_PER_SM * sm_count(device):
+        return mha_decode_blocks(programs, 1, int8, cfg, device)
+    return cfg.mha_decode_narrow

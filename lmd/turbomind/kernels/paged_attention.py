@@ -34,8 +34,8 @@ from lmd.turbomind.kernels.attention_config import (
     wide_decode_launch,
 )
 from lmd.turbomind.kernels.attention_meta import AttentionMeta, attention_meta  # noqa: F401 (attention_meta: the API)
-from lmd.turbomind.kernels.paged_attention_kernels import _attention_kernel, _combine_kernel
-from lmd.turbomind.kernels.paged_decode import launch_mha
+from lmd.turbomind.kernels.paged_attention_kernels import _attention_kernel
+from lmd.turbomind.kernels.paged_decode import combine_splits, launch_mha, split_partials
 from lmd.turbomind.kernels.pdl import pdl_options
 
 
@@ -167,11 +167,7 @@ def paged_attention_triton(
     splits = decode_splits(programs, meta.max_decode_ctx, cfg, q.device)
     wide = wide_decode_launch(programs, kv_mode == 0, q.device)
     mha = mha_decode_blocks(programs, group, kv_mode != 0, cfg, q.device)
-    if splits == 1:
-        part = part_ml = out
-    else:
-        part = torch.empty((num_decode, num_heads, splits, d), dtype=torch.float32, device=q.device)
-        part_ml = torch.empty((num_decode, num_heads, splits, 2), dtype=torch.float32, device=q.device)
+    part, part_ml = split_partials(out, num_decode, splits)
     if mha:
         launch_mha(q, out, part, part_ml, k, v, meta, scale, splits, mha, strides[:8], (kv_mode, kp, vp, table))
     else:
@@ -180,21 +176,6 @@ def paged_attention_triton(
         if splits == 1 and cfg.wide_decode and wide:
             blocks = cfg.wide_decode
         launch(meta.decode_tiles, part, part_ml, rows, rows, splits, blocks)
-    if splits > 1:
-        _combine_kernel[(num_decode, num_heads)](
-            part,
-            part_ml,
-            out,
-            meta.seq_info,
-            meta.decode_tiles,
-            num_heads,
-            out.stride(0),
-            out.stride(1),
-            SPLITS=splits,
-            SPLITS_PAD=triton.next_power_of_2(splits),
-            HEAD_DIM=d,
-            num_warps=1,
-            **pdl,
-        )
+    combine_splits(part, part_ml, out, meta, splits)
     return out
 

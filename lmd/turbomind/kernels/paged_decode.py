@@ -124,18 +124,35 @@ def rope_decode_attention(
         return None
     splits = decode_splits(programs, meta.max_decode_ctx, cfg, qkv.device)
     out = torch.empty((t, num_heads, d), dtype=qkv.dtype, device=qkv.device)
-    part = part_ml = out
-    if splits > 1:
-        part = torch.empty((t, num_heads, splits, d), dtype=torch.float32, device=qkv.device)
-        part_ml = torch.empty((t, num_heads, splits, 2), dtype=torch.float32, device=qkv.device)
+    part, part_ml = split_partials(out, t, splits)
     strides = (qkv.stride(0), d, out.stride(0), out.stride(1), meta.tables.stride(0), *k.stride()[:3])
     launch_mha(qkv, out, part, part_ml, k, v, meta, scale, splits, blocks, strides, kv, (cos, sin, slots))
-    if splits > 1:
-        _combine_kernel[(t, num_heads)](part, part_ml, out, meta.seq_info, meta.decode_tiles, num_heads,
-                                        out.stride(0), out.stride(1), SPLITS=splits,
-                                        SPLITS_PAD=triton.next_power_of_2(splits), HEAD_DIM=d, num_warps=1,
-                                        **pdl_options(qkv.device))
+    combine_splits(part, part_ml, out, meta, splits)
     return out
+
+
+def split_partials(out: torch.Tensor, tiles: int, splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A decode launch's partial accumulators [tiles, heads, splits, D] and (max, sum) pairs [tiles, heads, splits,
+    2] (fp32) for `out` [tokens, heads, D] over `tiles` decode tiles; an unsplit launch writes `out` itself (both
+    returned as `out`)."""
+    if splits == 1:
+        return out, out
+    _, heads, d = out.shape
+    return (torch.empty((tiles, heads, splits, d), dtype=torch.float32, device=out.device),
+            torch.empty((tiles, heads, splits, 2), dtype=torch.float32, device=out.device))
+
+
+def combine_splits(part: torch.Tensor, part_ml: torch.Tensor, out: torch.Tensor, meta: AttentionMeta,
+                   splits: int) -> None:
+    """Merge a split decode launch's partials into out [tokens, heads, D] at meta's decode tiles (`_combine_kernel`);
+    nothing if unsplit."""
+    if splits == 1:
+        return
+    _, heads, d = out.shape
+    grid = (meta.decode_tiles.shape[0], heads)
+    _combine_kernel[grid](part, part_ml, out, meta.seq_info, meta.decode_tiles, heads, out.stride(0), out.stride(1),
+                          SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits), HEAD_DIM=d, num_warps=1,
+                          **pdl_options(out.device))
 
 
 def kv_mode_args(k: torch.Tensor, k_param: torch.Tensor | None, v_param: torch.Tensor | None,
